@@ -1,0 +1,141 @@
+"""The closed-form backward (R1-R3) against torch autograd, on one configuration.
+
+Used by the routing-law chapter (many random configurations) and by the property-based
+tests (configurations drawn by hypothesis): one comparison, two callers.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+
+from .checks import check_choice, check_int
+from .head import HeadParams, attend, init_head, merge_heads
+from .laws import attention_backward, head_backward, head_forward
+from .readout import cross_entropy_readout, split_heads
+
+__all__ = ["GradConfig", "random_config", "compare_with_autograd", "LOSSES"]
+
+LOSSES = ("cross_entropy", "smooth")
+
+
+@dataclass(frozen=True)
+class GradConfig:
+    batch: int
+    heads: int
+    T: int  # queries
+    S: int  # keys (equal to T for causal or self-attention)
+    d_x: int
+    d_k: int
+    d_v: int
+    n_classes: int
+    causal: bool
+    padding: bool  # pad the tail of some sequences' keys
+    loss: str  # "cross_entropy" (linear read-out) or "smooth" (a non-CE downstream loss)
+
+    def __post_init__(self):
+        for name in ("batch", "heads", "T", "S", "d_x", "d_k", "d_v"):
+            check_int(name, getattr(self, name), 1, 64)
+        check_int("n_classes", self.n_classes, 2, 64)
+        check_choice("loss", self.loss, LOSSES)
+        if self.causal and self.T != self.S:
+            raise ValueError(f"a causal configuration needs T == S, got T={self.T}, S={self.S}")
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def random_config(rng: np.random.Generator) -> GradConfig:
+    causal = bool(rng.random() < 0.5)
+    T = int(rng.integers(1, 13))
+    S = T if causal else int(rng.integers(1, 13))
+    return GradConfig(
+        batch=int(rng.integers(1, 4)), heads=int(rng.integers(1, 4)), T=T, S=S,
+        d_x=int(rng.integers(1, 9)), d_k=int(rng.integers(1, 9)), d_v=int(rng.integers(1, 9)),
+        n_classes=int(rng.integers(2, 7)), causal=causal, padding=bool(rng.random() < 0.5),
+        loss=str(rng.choice(LOSSES)),
+    )
+
+
+def _key_mask(cfg: GradConfig, g: torch.Generator) -> torch.Tensor | None:
+    """Padding at the tail, at least one real key per sequence (so every query sees one)."""
+    if not cfg.padding:
+        return None
+    lengths = torch.randint(1, cfg.S + 1, (cfg.batch,), generator=g)
+    return torch.arange(cfg.S)[None, :] < lengths[:, None]
+
+
+def _downstream(cfg, g_out, W_O, y, R, query_mask):
+    """Loss of the head output g_out (B, H, T, d_v) and its closed-form gradient u."""
+    if cfg.loss == "cross_entropy":
+        ro = cross_entropy_readout(merge_heads(g_out), W_O, y, mask=query_mask)
+        return ro.loss, split_heads(ro.u, cfg.heads), ro
+    # L = sum R * tanh(g) + 1/2 sum g^2 over counted queries; u = R (1 - tanh^2 g) + g
+    m = torch.ones(g_out.shape[:-1], dtype=g_out.dtype) if query_mask is None else query_mask[:, None, :].to(g_out.dtype)
+    m = m.expand(g_out.shape[:-1]).unsqueeze(-1)
+    t = torch.tanh(g_out)
+    loss = (m * (R * t + 0.5 * g_out**2)).sum()
+    return loss, m * (R * (1 - t**2) + g_out), None
+
+
+def _err(closed: torch.Tensor, auto: torch.Tensor) -> tuple[float, float]:
+    abs_err = float((closed - auto).abs().max()) if closed.numel() else 0.0
+    scale = max(float(auto.abs().max()) if auto.numel() else 0.0, float(closed.abs().max()) if closed.numel() else 0.0)
+    return abs_err, (abs_err / scale if scale > 0 else 0.0)
+
+
+def compare_with_autograd(cfg: GradConfig, seed: int) -> dict[str, tuple[float, float]]:
+    """Max absolute and normwise relative error, per quantity, of the closed forms against
+    autograd in float64. Quantities: scores, q, k, v (a standalone attention with S keys)
+    and W_Q, W_K, W_V (+ W_O for cross-entropy) of a self-attention head on T positions,
+    and the row sums of dL/ds (reported as absolute values relative to max |dL/ds|)."""
+    g = torch.Generator().manual_seed(seed)
+    dt = torch.float64
+    errors: dict[str, tuple[float, float]] = {}
+
+    # Level 1: attention on given q, k, v (cross-attention when S != T).
+    q = torch.randn(cfg.batch, cfg.heads, cfg.T, cfg.d_k, generator=g, dtype=dt, requires_grad=True)
+    k = torch.randn(cfg.batch, cfg.heads, cfg.S, cfg.d_k, generator=g, dtype=dt, requires_grad=True)
+    v = torch.randn(cfg.batch, cfg.heads, cfg.S, cfg.d_v, generator=g, dtype=dt, requires_grad=True)
+    km = _key_mask(cfg, g)
+    W_O = torch.randn(cfg.heads * cfg.d_v, cfg.n_classes, generator=g, dtype=dt)
+    y = torch.randint(0, cfg.n_classes, (cfg.batch, cfg.T), generator=g)
+    R = torch.randn(cfg.batch, cfg.heads, cfg.T, cfg.d_v, generator=g, dtype=dt)
+    att = attend(q, k, v, causal=cfg.causal, key_mask=None if km is None else km[:, None, :])
+    att.scores.retain_grad()
+    loss, u, _ = _downstream(cfg, att.output, W_O, y, R, None)
+    loss.backward()
+    with torch.no_grad():
+        cf = attention_backward(att, q.detach(), k.detach(), v.detach(), u.detach())
+        auto_ds = torch.nan_to_num(att.scores.grad, nan=0.0)
+        errors["scores"] = _err(cf.scores, auto_ds)
+        errors["q"] = _err(cf.q, q.grad)
+        errors["k"] = _err(cf.k, k.grad)
+        errors["v"] = _err(cf.v, v.grad)
+        scale = float(cf.scores.abs().max())
+        row = float(cf.scores.sum(-1).abs().max())
+        errors["row_sum"] = (row, row / scale if scale > 0 else 0.0)
+
+    # Level 2: a self-attention head with parameters; padding also removes padded queries from the loss.
+    params = init_head(cfg.d_x, cfg.d_k, cfg.d_v, cfg.n_classes, heads=cfg.heads, std=0.7, generator=g, dtype=dt)
+    x = torch.randn(cfg.batch, cfg.T, cfg.d_x, generator=g, dtype=dt)
+    km = None
+    if cfg.padding:
+        lengths = torch.randint(1, cfg.T + 1, (cfg.batch,), generator=g)
+        km = torch.arange(cfg.T)[None, :] < lengths[:, None]
+    leaves = {n: t.clone().requires_grad_(True) for n, t in params.as_dict().items()}
+    hp = HeadParams(**leaves)
+    state = head_forward(hp, x, causal=cfg.causal, key_mask=km)
+    loss, u, ro = _downstream(cfg, state.attention.output, hp.W_O, y, R, km)
+    loss.backward()
+    with torch.no_grad():
+        det = HeadParams(**{n: t.detach() for n, t in leaves.items()})
+        st = head_forward(det, x, causal=cfg.causal, key_mask=km)
+        _, u_cf, ro_cf = _downstream(cfg, st.attention.output, det.W_O, y, R, km)
+        grads, _ = head_backward(det, st, u_cf)
+        for n in ("W_Q", "W_K", "W_V"):
+            errors[n] = _err(grads[n], leaves[n].grad)
+        if ro_cf is not None:
+            errors["W_O"] = _err(ro_cf.grad_W_O, leaves["W_O"].grad)
+    return errors

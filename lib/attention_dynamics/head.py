@@ -1,0 +1,153 @@
+"""The forward pass of an attention head (digest section 1).
+
+Shapes follow one convention: any number of leading batch dimensions ``...`` (a batch,
+several heads, several independent runs), then positions, then features.
+
+    q: (..., T, d_k)   k: (..., S, d_k)   v: (..., S, d_v)
+    scores s: (..., T, S)   weights alpha: (..., T, S)   output g: (..., T, d_v)
+
+Several heads are independent heads: they are a leading dimension, nothing more.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .checks import check_bool, check_float, check_same_dtype_device, check_tensor
+
+__all__ = ["Attention", "allowed_keys", "attend", "HeadParams", "init_head", "project", "merge_heads"]
+
+
+@dataclass(frozen=True)
+class Attention:
+    """Everything the forward pass computed; the closed-form backward reads it."""
+
+    scores: Tensor  # s_ij = q_i . k_j * scale; -inf where key j is hidden from query i
+    weights: Tensor  # alpha_ij; exactly 0 where hidden
+    output: Tensor  # g_i = sum_j alpha_ij v_j
+    scale: float
+    allowed: Tensor | None  # bool (..., T, S) broadcastable, or None when nothing is hidden
+
+
+def allowed_keys(T: int, S: int, *, causal: bool, key_mask: Tensor | None, batch_shape, device) -> Tensor | None:
+    """Boolean (..., T, S) mask of the keys each query may attend to (None: all).
+
+    ``key_mask`` is True for real keys and False for padding; its shape is the batch shape
+    (or one broadcastable to it) followed by S. ``causal`` lets query i see keys j <= i.
+    """
+    allowed = None
+    if causal:
+        if T != S:
+            raise ValueError(f"causal attention needs as many queries as keys, got T={T} and S={S}")
+        allowed = torch.ones(T, S, dtype=torch.bool, device=device).tril()
+    if key_mask is not None:
+        check_tensor("key_mask", key_mask, min_ndim=1, kind="bool")
+        if key_mask.shape[-1] != S:
+            raise ValueError(f"key_mask must end in the number of keys S={S}, got shape {tuple(key_mask.shape)}")
+        try:
+            torch.broadcast_shapes(key_mask.shape[:-1], tuple(batch_shape))
+        except RuntimeError:
+            raise ValueError(
+                f"key_mask has batch shape {tuple(key_mask.shape[:-1])}, which does not broadcast "
+                f"to the batch shape {tuple(batch_shape)} of q, k and v"
+            ) from None
+        km = key_mask[..., None, :]
+        allowed = km if allowed is None else (allowed & km)
+    if allowed is not None:
+        full = allowed.expand(*torch.broadcast_shapes(allowed.shape, (*batch_shape, T, S)))
+        if not bool(full.any(-1).all()):
+            where = "causal and key_mask" if causal and key_mask is not None else "key_mask"
+            raise ValueError(f"{where} hide every key from at least one query; each query needs one visible key")
+    return allowed
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_mask: Tensor | None = None,
+           scale: float | None = None) -> Attention:
+    """Scaled dot-product attention, returning scores, weights and outputs.
+
+    ``scale`` defaults to 1/sqrt(d_k) as in the digest.
+    """
+    check_tensor("q", q, min_ndim=2)
+    check_tensor("k", k, min_ndim=2)
+    check_tensor("v", v, min_ndim=2)
+    check_same_dtype_device(q=q, k=k, v=v)
+    check_bool("causal", causal)
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k must share d_k, got {q.shape[-1]} and {k.shape[-1]}")
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"k and v must have the same number of keys, got {k.shape[-2]} and {v.shape[-2]}")
+    if not (q.shape[:-2] == k.shape[:-2] == v.shape[:-2]):
+        raise ValueError(
+            f"q, k and v must share their batch shape, got {tuple(q.shape[:-2])}, "
+            f"{tuple(k.shape[:-2])} and {tuple(v.shape[:-2])}"
+        )
+    d_k = q.shape[-1]
+    scale = 1.0 / math.sqrt(d_k) if scale is None else check_float("scale", scale, 0.0, None, low_open=True)
+    T, S = q.shape[-2], k.shape[-2]
+    allowed = allowed_keys(T, S, causal=causal, key_mask=key_mask, batch_shape=q.shape[:-2], device=q.device)
+    scores = (q @ k.transpose(-1, -2)) * scale
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    return Attention(scores=scores, weights=weights, output=weights @ v, scale=scale, allowed=allowed)
+
+
+@dataclass
+class HeadParams:
+    """Parameters of H independent heads over inputs of width d_x, with a linear read-out.
+
+    W_Q, W_K: (H, d_x, d_k); W_V: (H, d_x, d_v); W_O: (H * d_v, C) maps the concatenated
+    head outputs to C logits (no biases, as in the authors' script).
+    """
+
+    W_Q: Tensor
+    W_K: Tensor
+    W_V: Tensor
+    W_O: Tensor
+
+    def __post_init__(self):
+        for name in ("W_Q", "W_K", "W_V", "W_O"):
+            check_tensor(name, getattr(self, name), ndim=2 if name == "W_O" else 3)
+        check_same_dtype_device(W_Q=self.W_Q, W_K=self.W_K, W_V=self.W_V, W_O=self.W_O)
+        H, d_x, d_k = self.W_Q.shape
+        if self.W_K.shape != (H, d_x, d_k):
+            raise ValueError(f"W_K must have the shape of W_Q {tuple(self.W_Q.shape)}, got {tuple(self.W_K.shape)}")
+        if self.W_V.shape[:2] != (H, d_x):
+            raise ValueError(f"W_V must have shape ({H}, {d_x}, d_v), got {tuple(self.W_V.shape)}")
+        if self.W_O.shape[0] != H * self.W_V.shape[2]:
+            raise ValueError(f"W_O must have H * d_v = {H * self.W_V.shape[2]} rows, got {tuple(self.W_O.shape)}")
+
+    def as_dict(self) -> dict[str, Tensor]:
+        return {"W_Q": self.W_Q, "W_K": self.W_K, "W_V": self.W_V, "W_O": self.W_O}
+
+    def clone(self) -> "HeadParams":
+        return HeadParams(**{n: t.detach().clone() for n, t in self.as_dict().items()})
+
+
+def init_head(d_x: int, d_k: int, d_v: int, n_classes: int, *, heads: int = 1, std: float = 0.1,
+              generator: torch.Generator | None = None, dtype=torch.float64) -> HeadParams:
+    """All four matrices drawn N(0, std^2), drawn in the order W_Q, W_K, W_V, W_O."""
+    from .checks import check_int
+
+    for name, val in (("d_x", d_x), ("d_k", d_k), ("d_v", d_v), ("n_classes", n_classes), ("heads", heads)):
+        check_int(name, val, 1, None)
+    check_float("std", std, 0.0, None, low_open=True)
+
+    def draw(*shape):
+        return torch.randn(*shape, generator=generator, dtype=dtype) * std
+
+    return HeadParams(draw(heads, d_x, d_k), draw(heads, d_x, d_k), draw(heads, d_x, d_v), draw(heads * d_v, n_classes))
+
+
+def project(x: Tensor, W: Tensor) -> Tensor:
+    """(B, T, d_x) @ (H, d_x, d) -> (B, H, T, d): one projection per head."""
+    return torch.einsum("btx,hxd->bhtd", x, W)
+
+
+def merge_heads(g: Tensor) -> Tensor:
+    """(B, H, T, d_v) -> (B, T, H * d_v): the concatenation the read-out sees."""
+    B, H, T, d_v = g.shape
+    return g.transpose(1, 2).reshape(B, T, H * d_v)

@@ -1,0 +1,94 @@
+"""Key numbers a notebook records for the tests, the scorecard and its own text.
+
+In a notebook::
+
+    rec = Record(record_path)
+    rec["max_rel_error"] = err          # glued for {glue:text}`max_rel_error:.1e`
+    rec.save()                          # written atomically to record_path, if one is set
+
+The runner passes ``record_path`` and adds the provenance (parameters, profile, commit).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Record", "to_jsonable", "write_json_atomic", "read_record"]
+
+
+def to_jsonable(value: Any) -> Any:
+    """Tensors, numpy scalars and arrays become plain Python; non-finite floats become None."""
+    if hasattr(value, "detach"):  # torch tensor
+        value = value.detach().cpu().numpy()
+    if hasattr(value, "tolist") and not isinstance(value, (list, tuple)):  # numpy
+        value = value.tolist()
+    if isinstance(value, dict):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_jsonable(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, (bool, int, float, str)) or value is None:
+        return value
+    raise TypeError(f"cannot record a value of type {type(value).__name__}")
+
+
+def write_json_atomic(path: str | os.PathLike, data: Any) -> None:
+    """Write to a temporary file beside ``path`` and rename, so no reader sees half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1, sort_keys=True, allow_nan=False)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def read_record(path: str | os.PathLike) -> dict:
+    with open(path) as f:
+        return json.load(f)
+
+
+class Record:
+    def __init__(self, path: str | os.PathLike | None = None, *, glue: bool = True):
+        self.path = Path(path) if path else None
+        self.values: dict[str, Any] = {}
+        self._glue = glue
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        if not name.isidentifier():
+            raise ValueError(f"record names must be identifiers, got {name!r}")
+        self.values[name] = to_jsonable(value)
+        if self._glue and (isinstance(value, (int, float, str)) or hasattr(value, "item")):
+            _glue(name, value)
+
+    def __getitem__(self, name: str) -> Any:
+        return self.values[name]
+
+    def save(self) -> None:
+        if self.path is not None:
+            write_json_atomic(self.path, {"values": self.values})
+
+
+def _glue(name: str, value: Any) -> None:
+    try:
+        from IPython import get_ipython
+        from myst_nb import glue
+    except ImportError:
+        return
+    if get_ipython() is None:
+        return
+    if hasattr(value, "item"):
+        try:
+            value = value.item()
+        except (ValueError, RuntimeError):
+            return
+    glue(name, value, display=False)

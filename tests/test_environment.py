@@ -1,0 +1,57 @@
+"""One source of truth for the pins, and the CI entry point that runs the README's command."""
+from __future__ import annotations
+
+import re
+
+import yaml
+
+PIN = re.compile(r"^([A-Za-z0-9_.\-\[\]]+)==(\S+)$")
+
+
+def pins(lines):
+    out = {}
+    for line in lines:
+        line = line.split("#", 1)[0].strip()
+        m = PIN.match(line)
+        if m:
+            out[m.group(1).lower()] = m.group(2)
+    return out
+
+
+def test_environment_yml_has_the_same_pins_as_requirements(root):
+    req = pins((root / "requirements.txt").read_text().splitlines())
+    env = yaml.safe_load((root / "environment.yml").read_text())
+    pip_section = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict) and "pip" in d)
+    assert req, "requirements.txt pins nothing"
+    assert pins(pip_section) == req
+    bare = [d for d in pip_section if not d.startswith("-") and "==" not in d]
+    assert bare == [], f"unpinned packages in environment.yml: {bare}"
+
+
+def test_requirements_are_all_pinned_and_torch_is_the_cpu_release(root):
+    lines = [l.split("#", 1)[0].strip() for l in (root / "requirements.txt").read_text().splitlines()]
+    lines = [l for l in lines if l]
+    assert all(PIN.match(l) for l in lines), [l for l in lines if not PIN.match(l)]
+    assert pins(lines)["torch"] == "2.13.0"
+    assert pins(lines)["jupyter-book"].startswith("1.")
+
+
+def test_pyproject_dependencies_are_pinned_in_requirements(root):
+    import tomllib
+
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    req = pins((root / "requirements.txt").read_text().splitlines())
+    for dep in project["dependencies"]:
+        name = re.split(r"[<>=!~\[ ]", dep, 1)[0].lower()
+        assert name in req, f"{name} is a dependency of the package but not pinned in requirements.txt"
+        if "==" in dep:
+            assert dep.split("==", 1)[1] == req[name]
+
+
+def test_ci_runs_the_readme_test_command(root):
+    readme = (root / "README.md").read_text()
+    ci = (root / ".ci" / "run").read_text()
+    command = "python3 make.py test"
+    assert command in readme and "python3 make.py book" in readme
+    body = [l.strip() for l in ci.splitlines() if l.strip() and not l.strip().startswith("#")]
+    assert body[-1] in (command, f"exec {command}"), body

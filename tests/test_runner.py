@@ -1,0 +1,127 @@
+"""The runner: profiles, caching, failures that name the chapter and cell, atomic outputs."""
+from __future__ import annotations
+
+import json
+
+import nbformat
+import pytest
+
+from attention_dynamics.runner import NotebookFailed, execute, load_profiles, make_jobs, run_jobs
+
+TINY = [
+    ("code", 'x = 1\nfail = False\nrecord_path = ""\nprofile = "paper"', ["parameters"]),
+    ("code", "from attention_dynamics.records import Record\nrec = Record(record_path)", []),
+    ("code", "if fail:\n    raise ValueError('x is broken')", []),
+    ("code", "rec['double'] = 2 * x\nrec.save()", []),
+]
+
+
+def make_root(tmp_path, cells=TINY, name="tiny"):
+    nb = nbformat.v4.new_notebook()
+    for kind, src, tags in cells:
+        c = nbformat.v4.new_code_cell(src)
+        c.metadata["tags"] = tags
+        nb.cells.append(c)
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    (tmp_path / "notebooks").mkdir()
+    nbformat.write(nb, tmp_path / "notebooks" / f"{name}.ipynb")
+    (tmp_path / "notebooks" / "profiles.yml").write_text(f"{name}:\n  quick: {{x: 3}}\n  paper: {{x: 5}}\n")
+    return tmp_path
+
+
+def test_profiles_select_parameters_and_record_provenance(tmp_path):
+    root = make_root(tmp_path)
+    out = tmp_path / "out"
+    (job,) = make_jobs(root, "quick", out_dir=out)
+    r = execute(job)
+    assert r.status == "ran" and r.record["values"] == {"double": 6}
+    prov = r.record["provenance"]
+    assert prov["profile"] == "quick" and prov["parameters"] == {"x": 3}
+    assert "--only tiny" in prov["runner_command"] and "papermill notebooks/tiny.ipynb" in prov["papermill_command"]
+    assert json.loads((out / "tiny.json").read_text())["values"] == {"double": 6}
+    executed = nbformat.read(out / "tiny.ipynb", as_version=4)
+    assert any("injected-parameters" in c.metadata.get("tags", []) for c in executed.cells)
+    (job,) = make_jobs(root, "paper", out_dir=out)
+    assert execute(job).record["values"] == {"double": 10}
+
+
+def test_unchanged_notebook_is_not_executed_again(tmp_path):
+    root = make_root(tmp_path)
+    out = tmp_path / "out"
+    first = run_jobs(make_jobs(root, "quick", out_dir=out), progress=False)
+    again = run_jobs(make_jobs(root, "quick", out_dir=out), progress=False)
+    assert [r.status for r in first] == ["ran"] and [r.status for r in again] == ["cached"]
+    changed = run_jobs(make_jobs(root, "quick", out_dir=out, overrides={"x": 4}), progress=False)
+    assert changed[0].status == "ran" and changed[0].record["values"] == {"double": 8}
+    nb = root / "notebooks" / "tiny.ipynb"
+    nb.write_text(nb.read_text().replace("2 * x", "2 * x + 0"))
+    assert run_jobs(make_jobs(root, "quick", out_dir=out, overrides={"x": 4}), progress=False)[0].status == "ran"
+    forced = make_jobs(root, "quick", out_dir=out, overrides={"x": 4}, force=True)
+    assert run_jobs(forced, progress=False)[0].status == "ran"
+
+
+def test_failure_names_chapter_and_cell_and_leaves_nothing(tmp_path):
+    root = make_root(tmp_path)
+    out = tmp_path / "out"
+    (job,) = make_jobs(root, "quick", out_dir=out, overrides={"fail": True})
+    with pytest.raises(NotebookFailed, match=r"notebook 'tiny' failed in cell In\[\d+\]: ValueError: x is broken") as e:
+        execute(job)
+    assert e.value.name == "tiny" and e.value.ename == "ValueError"
+    assert not out.exists() or list(out.iterdir()) == []
+
+
+def test_failed_rerun_keeps_the_last_good_outputs(tmp_path):
+    root = make_root(tmp_path)
+    out = tmp_path / "out"
+    (good,) = make_jobs(root, "quick", out_dir=out)
+    execute(good)
+    before = (out / "tiny.json").read_text()
+    (bad,) = make_jobs(root, "quick", out_dir=out, overrides={"fail": True})
+    with pytest.raises(NotebookFailed):
+        execute(bad)
+    assert (out / "tiny.json").read_text() == before
+    assert sorted(p.name for p in out.iterdir()) == ["tiny.ipynb", "tiny.json"]
+
+
+def test_bad_parameters_and_names_are_refused(tmp_path):
+    root = make_root(tmp_path)
+    with pytest.raises(ValueError, match=r"chapter 'tiny' has no parameter\(s\) \['y'\]; its parameters are \['fail', 'x'\]"):
+        make_jobs(root, "quick", overrides={"y": 1})
+    with pytest.raises(ValueError, match="set by the runner"):
+        make_jobs(root, "quick", overrides={"record_path": "x"})
+    with pytest.raises(ValueError, match=r"unknown chapter\(s\) \['nope'\]"):
+        make_jobs(root, "quick", only=["nope"])
+    with pytest.raises(ValueError, match="profile must be one of"):
+        make_jobs(root, "huge")
+
+
+def test_missing_record_is_an_error(tmp_path):
+    cells = [("code", 'record_path = ""\nprofile = "paper"\nx = 1', ["parameters"]), ("code", "y = x", [])]
+    root = make_root(tmp_path, cells)
+    (job,) = make_jobs(root, "quick", out_dir=tmp_path / "out")
+    with pytest.raises(NotebookFailed, match="saved no record"):
+        execute(job)
+
+
+def test_every_book_chapter_has_both_profiles_and_a_toc_entry(root):
+    import yaml
+
+    profiles = load_profiles(root)
+    toc = (root / "book" / "_toc.yml").read_text()
+    intro = (root / "book" / "intro.md").read_text()
+    on_disk = {p.stem for p in (root / "notebooks").glob("*.ipynb")}
+    assert on_disk == set(profiles), "every notebook must be registered in notebooks/profiles.yml"
+    for name in profiles:
+        assert f"chapters/{name}" in toc and f"chapters/{name}" in intro
+        make_jobs(root, "quick", only=[name])  # parameters exist in the notebook
+        make_jobs(root, "paper", only=[name])
+    assert yaml.safe_load(toc)["root"] == "intro"
+
+
+def test_notebooks_are_stored_without_outputs(root):
+    for path in (root / "notebooks").glob("*.ipynb"):
+        nb = nbformat.read(path, as_version=4)
+        for cell in nb.cells:
+            if cell.cell_type == "code":
+                assert cell.outputs == [] and cell.execution_count is None, f"{path.name} has stored outputs"
+        assert sum("parameters" in c.metadata.get("tags", []) for c in nb.cells) == 1, path.name
