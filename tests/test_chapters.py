@@ -18,3 +18,49 @@ def test_value_law_chapter(quick_runs):
     assert abs(v["slope_sv_mean"] - 2) < 0.05 and abs(v["slope_params_mean"] - 2) < 0.05
     assert 1.8 < v["slope_min"] and v["slope_max"] < 2.2
     assert v["first_order_rel_error_smallest_eta"] < 1e-3
+
+
+def test_specialization_chapter(quick_runs):
+    v = quick_runs("specialization")["values"]
+    assert v["loss_end"] < 0.2 * v["loss_start"]
+    assert v["entropy_end"] < v["entropy_start"] - 0.3  # attention sharpens
+    assert v["si_end"] > v["si_start"] + 0.3  # values come to serve single clusters
+    assert v["alignment_mean"] > 0.3  # value steps point along their users' error prototype
+    # R1 through W_Q, W_K: better than chance at a small step; exact-ish on free scores
+    assert v["agreement_small_eta"] > 0.6 and v["agreement_during"] > 0.6
+    assert v["free_weighted_agreement_small_eta"] > 0.95
+    # symmetry breaking: every run specializes, later for a smaller initial asymmetry
+    assert v["n_specialized"] == v["n_symmetric_runs"]
+    assert v["steps_per_decade"] > 5 and v["growth_rate_per_step"] > 0
+
+
+def test_two_timescale_em_chapter(quick_runs):
+    v = quick_runs("two_timescale_em")["values"]
+    assert v["e_step_error"] < 1e-13  # attention weights are the EM responsibilities
+    assert v["hard_landing_error"] < 1e-13  # hard attention: 1/N_j step = responsibility-weighted mean
+    assert v["hard_max_gap"] < 1e-12  # hard attention: head and hard EM follow one trajectory
+    assert v["soft_correction_formula_error"] < 1e-12
+    assert v["fixed_point_distance_well_separated"] < 1e-6  # same fixed point when attention is nearly hard
+    assert v["fixed_point_distance_overlapping"] > 0.1  # and measurably not when it is soft
+    assert v["max_residual"] < 1e-4
+    gd = [n for n in v["gd_iterations"].values() if n is not None]
+    assert v["mstep_iterations"] is not None and gd and v["mstep_iterations"] <= min(gd)
+    assert v["best_ratio"] > 1 and v["speedup_best_vs_1"] > 1.2  # faster values help
+    assert v["first_diverging_ratio"] >= v["best_ratio"]  # until they overshoot
+
+
+def test_every_number_glued_into_the_text_is_recorded(root, quick_runs):
+    """Each {glue:text}`name` in a chapter's prose must be a number the chapter records,
+    so that every number on a page traces to the notebook's computation."""
+    import re
+
+    import nbformat
+
+    from attention_dynamics.runner import load_profiles
+
+    for name in load_profiles(root):
+        nb = nbformat.read(root / "notebooks" / f"{name}.ipynb", as_version=4)
+        prose = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+        keys = set(re.findall(r"\{glue:text\}`([A-Za-z_][A-Za-z0-9_]*)", prose))
+        missing = keys - set(quick_runs(name)["values"])
+        assert not missing, f"{name}: glued but never recorded: {sorted(missing)}"

@@ -114,3 +114,22 @@ def test_loss_and_gradients_float32_close_to_float64():
     assert abs(l64.item() - l32.item()) < 1e-5
     for n in g64:
         assert torch.allclose(g32[n].double(), g64[n], atol=1e-6)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(T=st.integers(1, 8), S=st.integers(1, 8), d_m=st.integers(1, 6), heads=st.integers(1, 3), seed=st.integers(0, 10**6))
+def test_cross_attention_head_with_memory_matches_autograd(T, S, d_m, heads, seed):
+    from attention_dynamics.head import HeadParams
+
+    g = torch.Generator().manual_seed(seed)
+    p = init_head(5, 3, 4, 3, heads=heads, d_m=d_m, std=0.7, generator=g)
+    x = torch.randn(2, T, 5, generator=g, dtype=torch.float64)
+    mem = torch.randn(2, S, d_m, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 3, (2, T), generator=g)
+    _, closed, *_ = loss_and_gradients(p, x, y, memory=mem)
+    leaves = {n: t.clone().requires_grad_(True) for n, t in p.as_dict().items()}
+    loss, *_ = loss_and_gradients(HeadParams(**leaves), x, y, memory=mem)
+    loss.backward()
+    for n, t in leaves.items():
+        err = (closed[n] - t.grad).abs().max() / t.grad.abs().max().clamp_min(1e-300)
+        assert err <= TOL, (n, float(err))

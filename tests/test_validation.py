@@ -80,7 +80,7 @@ def test_upstream_gradient_shape():
 
 
 def test_head_params_validated():
-    with pytest.raises(ValueError, match="W_K must have the shape of W_Q"):
+    with pytest.raises(ValueError, match="W_K must have shape \\(1, d_m, 2\\)"):
         HeadParams(torch.zeros(1, 3, 2, dtype=F64), torch.zeros(1, 3, 4, dtype=F64),
                    torch.zeros(1, 3, 2, dtype=F64), torch.zeros(2, 5, dtype=F64))
     with pytest.raises(ValueError, match="W_O must have H \\* d_v = 4 rows"):
@@ -90,7 +90,7 @@ def test_head_params_validated():
     p = init_head(3, 2, 2, 4)
     with pytest.raises(ValueError, match="x has width 5 but the head expects d_x = 3"):
         head_forward(p, torch.zeros(1, 4, 5, dtype=F64))
-    with pytest.raises(ValueError, match="key_mask must have shape \\(B, T\\)"):
+    with pytest.raises(ValueError, match="key_mask must have shape \\(B, S\\)"):
         head_forward(p, torch.zeros(1, 4, 3, dtype=F64), key_mask=torch.ones(1, 5, dtype=torch.bool))
 
 

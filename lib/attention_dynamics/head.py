@@ -97,10 +97,12 @@ def attend(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_mask: T
 
 @dataclass
 class HeadParams:
-    """Parameters of H independent heads over inputs of width d_x, with a linear read-out.
+    """Parameters of H independent heads with a linear read-out.
 
-    W_Q, W_K: (H, d_x, d_k); W_V: (H, d_x, d_v); W_O: (H * d_v, C) maps the concatenated
-    head outputs to C logits (no biases, as in the authors' script).
+    W_Q: (H, d_x, d_k) reads the query inputs; W_K: (H, d_m, d_k) and W_V: (H, d_m, d_v)
+    read the key/value inputs (the same sequence for self-attention, so d_m = d_x, or a
+    separate memory); W_O: (H * d_v, C) maps the concatenated head outputs to C logits.
+    No biases, as in the authors' script.
     """
 
     W_Q: Tensor
@@ -113,10 +115,10 @@ class HeadParams:
             check_tensor(name, getattr(self, name), ndim=2 if name == "W_O" else 3)
         check_same_dtype_device(W_Q=self.W_Q, W_K=self.W_K, W_V=self.W_V, W_O=self.W_O)
         H, d_x, d_k = self.W_Q.shape
-        if self.W_K.shape != (H, d_x, d_k):
-            raise ValueError(f"W_K must have the shape of W_Q {tuple(self.W_Q.shape)}, got {tuple(self.W_K.shape)}")
-        if self.W_V.shape[:2] != (H, d_x):
-            raise ValueError(f"W_V must have shape ({H}, {d_x}, d_v), got {tuple(self.W_V.shape)}")
+        if self.W_K.shape[0] != H or self.W_K.shape[2] != d_k:
+            raise ValueError(f"W_K must have shape ({H}, d_m, {d_k}) to match W_Q {tuple(self.W_Q.shape)}, got {tuple(self.W_K.shape)}")
+        if self.W_V.shape[:2] != self.W_K.shape[:2]:
+            raise ValueError(f"W_V must have shape {tuple(self.W_K.shape[:2])} + (d_v,) to match W_K, got {tuple(self.W_V.shape)}")
         if self.W_O.shape[0] != H * self.W_V.shape[2]:
             raise ValueError(f"W_O must have H * d_v = {H * self.W_V.shape[2]} rows, got {tuple(self.W_O.shape)}")
 
@@ -128,18 +130,20 @@ class HeadParams:
 
 
 def init_head(d_x: int, d_k: int, d_v: int, n_classes: int, *, heads: int = 1, std: float = 0.1,
-              generator: torch.Generator | None = None, dtype=torch.float64) -> HeadParams:
-    """All four matrices drawn N(0, std^2), drawn in the order W_Q, W_K, W_V, W_O."""
+              d_m: int | None = None, generator: torch.Generator | None = None, dtype=torch.float64) -> HeadParams:
+    """All four matrices drawn N(0, std^2), in the order W_Q, W_K, W_V, W_O. ``d_m``: width
+    of a separate key/value memory (default: self-attention, d_m = d_x)."""
     from .checks import check_int
 
-    for name, val in (("d_x", d_x), ("d_k", d_k), ("d_v", d_v), ("n_classes", n_classes), ("heads", heads)):
+    d_m = d_x if d_m is None else d_m
+    for name, val in (("d_x", d_x), ("d_k", d_k), ("d_v", d_v), ("n_classes", n_classes), ("heads", heads), ("d_m", d_m)):
         check_int(name, val, 1, None)
     check_float("std", std, 0.0, None, low_open=True)
 
     def draw(*shape):
         return torch.randn(*shape, generator=generator, dtype=dtype) * std
 
-    return HeadParams(draw(heads, d_x, d_k), draw(heads, d_x, d_k), draw(heads, d_x, d_v), draw(heads * d_v, n_classes))
+    return HeadParams(draw(heads, d_x, d_k), draw(heads, d_m, d_k), draw(heads, d_m, d_v), draw(heads * d_v, n_classes))
 
 
 def project(x: Tensor, W: Tensor) -> Tensor:

@@ -109,54 +109,68 @@ def attention_backward(att: Attention, q: Tensor, k: Tensor, v: Tensor, u: Tenso
 
 @dataclass(frozen=True)
 class HeadState:
-    """The forward pass of H heads over inputs x: (B, T, d_x)."""
+    """The forward pass of H heads: queries from x (B, T, d_x), keys and values from
+    ``memory`` (B, S, d_m), which is x itself for self-attention."""
 
     x: Tensor
+    memory: Tensor
     q: Tensor  # (B, H, T, d_k)
-    k: Tensor
-    v: Tensor  # (B, H, T, d_v)
+    k: Tensor  # (B, H, S, d_k)
+    v: Tensor  # (B, H, S, d_v)
     attention: Attention
     merged: Tensor  # (B, T, H * d_v)
 
 
-def head_forward(params: HeadParams, x: Tensor, *, causal: bool = False, key_mask: Tensor | None = None) -> HeadState:
-    """Project x to queries, keys and values for every head and attend.
+def head_forward(params: HeadParams, x: Tensor, *, memory: Tensor | None = None, causal: bool = False,
+                 key_mask: Tensor | None = None) -> HeadState:
+    """Project to queries, keys and values for every head and attend.
 
-    ``key_mask``: bool (B, T), True at real positions.
+    ``memory``: optional (B, S, d_m) inputs of the keys and values (default: x).
+    ``key_mask``: optional bool (B, S), True at real (non-padding) keys.
     """
     check_tensor("x", x, ndim=3)
     check_same_dtype_device(x=x, W_Q=params.W_Q)
     if x.shape[-1] != params.W_Q.shape[1]:
         raise ValueError(f"x has width {x.shape[-1]} but the head expects d_x = {params.W_Q.shape[1]}")
+    if memory is None:
+        memory = x
+    else:
+        check_tensor("memory", memory, ndim=3)
+        check_same_dtype_device(x=x, memory=memory)
+        if memory.shape[0] != x.shape[0]:
+            raise ValueError(f"memory must have the batch size {x.shape[0]} of x, got shape {tuple(memory.shape)}")
+    if memory.shape[-1] != params.W_K.shape[1]:
+        raise ValueError(f"the keys read width {memory.shape[-1]} but the head expects d_m = {params.W_K.shape[1]}")
     if key_mask is not None:
         check_tensor("key_mask", key_mask, ndim=2, kind="bool")
-        if key_mask.shape != x.shape[:2]:
-            raise ValueError(f"key_mask must have shape (B, T) = {tuple(x.shape[:2])}, got {tuple(key_mask.shape)}")
+        if key_mask.shape != memory.shape[:2]:
+            raise ValueError(f"key_mask must have shape (B, S) = {tuple(memory.shape[:2])}, got {tuple(key_mask.shape)}")
         key_mask = key_mask[:, None, :]  # broadcast over heads
-    q, k, v = project(x, params.W_Q), project(x, params.W_K), project(x, params.W_V)
+    q, k, v = project(x, params.W_Q), project(memory, params.W_K), project(memory, params.W_V)
     att = attend(q, k, v, causal=causal, key_mask=key_mask)
-    return HeadState(x=x, q=q, k=k, v=v, attention=att, merged=merge_heads(att.output))
+    return HeadState(x=x, memory=memory, q=q, k=k, v=v, attention=att, merged=merge_heads(att.output))
 
 
 def head_backward(params: HeadParams, state: HeadState, u: Tensor) -> tuple[dict[str, Tensor], AttentionGrads]:
     """Gradients of W_Q, W_K, W_V from u = dL/dg of shape (B, H, T, d_v), plus the
     per-position gradients of R1-R3."""
     g = attention_backward(state.attention, state.q, state.k, state.v, u)
-    x = state.x
     grads = {
-        "W_Q": torch.einsum("btx,bhtd->hxd", x, g.q),
-        "W_K": torch.einsum("btx,bhtd->hxd", x, g.k),
-        "W_V": torch.einsum("btx,bhtd->hxd", x, g.v),
+        "W_Q": torch.einsum("btx,bhtd->hxd", state.x, g.q),
+        "W_K": torch.einsum("bsx,bhsd->hxd", state.memory, g.k),
+        "W_V": torch.einsum("bsx,bhsd->hxd", state.memory, g.v),
     }
     return grads, g
 
 
-def loss_and_gradients(params: HeadParams, x: Tensor, y: Tensor, *, causal: bool = False,
-                       key_mask: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor], HeadState, Readout, AttentionGrads]:
+def loss_and_gradients(params: HeadParams, x: Tensor, y: Tensor, *, memory: Tensor | None = None,
+                       causal: bool = False, key_mask: Tensor | None = None
+                       ) -> tuple[Tensor, dict[str, Tensor], HeadState, Readout, AttentionGrads]:
     """Mean cross-entropy of the linear read-out and all four parameter gradients, in
-    closed form. Padding positions (key_mask False) neither attend-to nor count."""
-    state = head_forward(params, x, causal=causal, key_mask=key_mask)
-    ro = cross_entropy_readout(state.merged, params.W_O, y, mask=key_mask)
+    closed form. In self-attention, padding positions (key_mask False) neither are
+    attended to nor count in the loss."""
+    state = head_forward(params, x, memory=memory, causal=causal, key_mask=key_mask)
+    ro = cross_entropy_readout(state.merged, params.W_O, y, mask=key_mask if memory is None else None)
     grads, g = head_backward(params, state, split_heads(ro.u, params.W_Q.shape[0]))
     grads["W_O"] = ro.grad_W_O
     return ro.loss, grads, state, ro, g

@@ -278,7 +278,7 @@ def build_book(root: Path) -> Path:
     """jupyter-book build (warnings are errors), then refuse pages that show an error."""
     book = root / "book"
     exe = Path(sys.executable).parent / "jupyter-book"
-    cmd = [str(exe), "build", str(book), "--builder", "html", "-W", "-n", "--keep-going"]
+    cmd = [str(exe), "build", str(book), "--builder", "html", "-W", "-n", "--keep-going", "--quiet"]
     print("+", " ".join(cmd), flush=True)
     if subprocess.run(cmd, cwd=root).returncode != 0:
         raise SystemExit("jupyter-book build failed (see the warnings above)")

@@ -1,0 +1,123 @@
+"""Attention as EM (R6): a Gaussian mixture, its textbook EM, and the head that mirrors it.
+
+The mixture has K components with means mu_j, a shared isotropic variance sigma^2 and
+weights pi_j. Its log-likelihood scores
+
+    s_ij = log pi_j - ||x_i - mu_j||^2 / (2 sigma^2) - (d/2) log(2 pi sigma^2)
+
+are a dot-product attention in disguise: ||x_i||^2 is the same for every j and cancels in
+the softmax, so with augmented queries q_i = [x_i / sigma, 1] and keys
+k_j = [mu_j / sigma, log pi_j - ||mu_j||^2 / (2 sigma^2)] at scale 1, softmax(q . k) is
+exactly the EM responsibilities (the E-step).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from .checks import check_float, check_int, check_tensor
+from .head import attend
+
+__all__ = [
+    "gmm_scores",
+    "gmm_log_likelihood",
+    "gmm_responsibilities",
+    "em_step",
+    "gmm_queries_keys",
+    "head_e_step",
+    "head_value_step",
+    "squared_error_value_gradient",
+    "sample_gmm",
+]
+
+
+def _check(x, means, sigma):
+    check_tensor("x", x, ndim=2)
+    check_tensor("means", means, ndim=2)
+    if x.shape[1] != means.shape[1]:
+        raise ValueError(f"x has dimension {x.shape[1]} but means have {means.shape[1]}")
+    return check_float("sigma", sigma, 0.0, None, low_open=True)
+
+
+def gmm_scores(x: Tensor, means: Tensor, sigma: float, log_pi: Tensor | None = None) -> Tensor:
+    """(N, K) log pi_j + log N(x_i; mu_j, sigma^2 I)."""
+    sigma = _check(x, means, sigma)
+    K, d = means.shape
+    log_pi = torch.full((K,), -math.log(K), dtype=x.dtype) if log_pi is None else log_pi
+    sq = ((x[:, None, :] - means[None, :, :]) ** 2).sum(-1)
+    return log_pi[None, :] - sq / (2 * sigma**2) - 0.5 * d * math.log(2 * math.pi * sigma**2)
+
+
+def gmm_log_likelihood(x: Tensor, means: Tensor, sigma: float, log_pi: Tensor | None = None) -> float:
+    """Mean log-likelihood per point, in nats."""
+    return float(torch.logsumexp(gmm_scores(x, means, sigma, log_pi), 1).mean())
+
+
+def gmm_responsibilities(x: Tensor, means: Tensor, sigma: float, log_pi: Tensor | None = None) -> Tensor:
+    """The textbook E-step."""
+    return torch.softmax(gmm_scores(x, means, sigma, log_pi), 1)
+
+
+def em_step(x: Tensor, means: Tensor, sigma: float, *, hard: bool = False) -> Tensor:
+    """One textbook EM iteration for the means (sigma and equal weights held fixed):
+    mu_j <- sum_i r_ij x_i / sum_i r_ij. ``hard``: responsibilities replaced by the
+    one-hot argmax (classification EM). A component nobody claims keeps its mean."""
+    r = gmm_responsibilities(x, means, sigma)
+    if hard:
+        r = torch.nn.functional.one_hot(r.argmax(1), means.shape[0]).to(x.dtype)
+    N = r.sum(0)
+    new = (r.T @ x) / N.clamp_min(1e-300)[:, None]
+    return torch.where(N[:, None] > 0, new, means)
+
+
+def gmm_queries_keys(x: Tensor, means: Tensor, sigma: float) -> tuple[Tensor, Tensor]:
+    """Augmented queries and keys whose dot product (scale 1) is the log-likelihood
+    score up to a per-query constant; equal mixture weights."""
+    sigma = _check(x, means, sigma)
+    ones = torch.ones(x.shape[0], 1, dtype=x.dtype)
+    q = torch.cat([x / sigma, ones], 1)
+    k = torch.cat([means / sigma, -(means**2).sum(1, keepdim=True) / (2 * sigma**2)], 1)
+    return q, k
+
+
+def head_e_step(x: Tensor, keys: Tensor, sigma: float, *, hard: bool = False) -> Tensor:
+    """The head's attention weights over K slots whose keys sit at ``keys``."""
+    q, k = gmm_queries_keys(x, keys, sigma)
+    alpha = attend(q[None], k[None], k[None, :, :1], scale=1.0).weights[0]
+    if hard:
+        alpha = torch.nn.functional.one_hot(alpha.argmax(1), keys.shape[0]).to(x.dtype)
+    return alpha
+
+
+def squared_error_value_gradient(alpha: Tensor, values: Tensor, targets: Tensor) -> tuple[float, Tensor]:
+    """Loss sum_i 1/2 ||g_i - t_i||^2 of the head output g = alpha V, and R2's value
+    gradient sum_i alpha_ij (g_i - t_i) with the attention held fixed."""
+    check_tensor("alpha", alpha, ndim=2)
+    g = alpha @ values
+    u = g - targets
+    return float(0.5 * (u**2).sum()), alpha.T @ u
+
+
+def head_value_step(alpha: Tensor, values: Tensor, targets: Tensor, *, lr: float | None = None) -> Tensor:
+    """One value update of the head with squared-error read-out. ``lr=None``: the
+    prototype M-step, step 1/N_j per value (N_j = sum_i alpha_ij); otherwise plain
+    gradient descent at rate ``lr``. A value nobody attends to stays put."""
+    _, grad = squared_error_value_gradient(alpha, values, targets)
+    if lr is None:
+        N = alpha.sum(0)
+        step = torch.where(N > 1e-12, 1.0 / N.clamp_min(1e-12), 0.0)[:, None]
+    else:
+        step = check_float("lr", lr, 0.0, None, low_open=True)
+    return values - step * grad
+
+
+def sample_gmm(n_per: int, means: Tensor, sigma: float, seed: int) -> tuple[Tensor, Tensor]:
+    """n_per points from each component; returns (x, component)."""
+    check_int("n_per", n_per, 1, None)
+    sigma = check_float("sigma", sigma, 0.0, None, low_open=True)
+    g = torch.Generator().manual_seed(check_int("seed", seed, 0, None))
+    K, d = means.shape
+    comp = torch.arange(K).repeat_interleave(n_per)
+    return means[comp] + sigma * torch.randn(K * n_per, d, generator=g, dtype=means.dtype), comp

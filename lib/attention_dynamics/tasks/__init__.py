@@ -1,0 +1,1 @@
+"""Tasks with known solutions or exact Bayesian posteriors."""

@@ -1,0 +1,213 @@
+"""One training loop with pluggable update rules.
+
+A *loss function* maps the parameters (a dict of tensors) to a :class:`StepOutput`: the
+loss (a scalar, or one value per independent run stacked on a leading dimension), the
+gradients (closed form or autograd) and any extra information an update rule or a probe
+needs. An *update rule* changes the parameters in place from the gradients. The loop
+evaluates, records, checks for divergence and steps:
+
+    history = train(params, loss_fn, SGD(0.01), n_steps=1000)
+
+Rules: :class:`SGD` (one learning rate, or one per parameter: the EM-style schedule is
+SGD with a faster rate on the values, see :func:`em_style`), :class:`PrototypeMStep`
+(values jump by the closed-form 1/N_j step of R6), :class:`TorchOptimizer` (any
+``torch.optim`` optimizer, for the transformer).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Protocol
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .checks import check_float, check_int
+
+__all__ = [
+    "StepOutput",
+    "TrainingDiverged",
+    "UpdateRule",
+    "SGD",
+    "em_style",
+    "ROUTING",
+    "CONTENT",
+    "PrototypeMStep",
+    "TorchOptimizer",
+    "History",
+    "train",
+]
+
+ROUTING = ("W_Q", "W_K", "W_O")  # the "hypothesis frame" and the read-out
+CONTENT = ("W_V",)  # the values
+
+
+@dataclass
+class StepOutput:
+    loss: Tensor  # scalar, or (R,) for R independent runs
+    grads: dict[str, Tensor]
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class TrainingDiverged(RuntimeError):
+    """Training stopped: ``step`` is the step whose evaluation failed, ``cause`` says why."""
+
+    def __init__(self, step: int, cause: str, run: int | None = None):
+        where = f" (run {run})" if run is not None else ""
+        super().__init__(f"training diverged at step {step}{where}: {cause}")
+        self.step, self.cause, self.run = step, cause, run
+
+
+class UpdateRule(Protocol):
+    def __call__(self, params: dict[str, Tensor], out: StepOutput, step: int) -> None: ...
+
+
+class SGD:
+    """p <- p - lr_p * dL/dp. ``lr``: one rate for every parameter, or a dict by name
+    (every parameter that receives a gradient must be named). A rate may be a tensor of
+    shape (R,) to give each of R batched runs its own rate."""
+
+    def __init__(self, lr: float | Mapping[str, float | Tensor]):
+        if isinstance(lr, Mapping):
+            self.lr = {}
+            for k, v in lr.items():
+                if isinstance(v, Tensor):
+                    if not bool((v > 0).all() and torch.isfinite(v).all()):
+                        raise ValueError(f"lr[{k!r}] must be positive and finite, got {v}")
+                    self.lr[k] = v
+                else:
+                    self.lr[k] = check_float(f"lr[{k!r}]", v, 0.0, None, low_open=True)
+        else:
+            self.lr = check_float("lr", lr, 0.0, None, low_open=True)
+
+    def rate(self, name: str, p: Tensor):
+        if isinstance(self.lr, float):
+            return self.lr
+        if name not in self.lr:
+            raise KeyError(f"no learning rate for parameter {name!r}; rates are given for {sorted(self.lr)}")
+        r = self.lr[name]
+        return r.reshape(-1, *([1] * (p.dim() - 1))) if isinstance(r, Tensor) else r
+
+    def __call__(self, params, out, step):
+        with torch.no_grad():
+            for name, g in out.grads.items():
+                params[name].sub_(self.rate(name, params[name]) * g)
+
+
+def em_style(routing_lr: float, content_lr: float) -> SGD:
+    """The EM-style schedule of the paper: the values (W_V) at ``content_lr``, the routing
+    (W_Q, W_K) and the read-out (W_O) at ``routing_lr``."""
+    return SGD({**{n: routing_lr for n in ROUTING}, **{n: content_lr for n in CONTENT}})
+
+
+class PrototypeMStep:
+    """The closed-form prototype M-step of R6 for values that are free per-slot
+    parameters: v_j <- v_j - damping * dL/dv_j / N_j, with N_j = sum_i alpha_ij taken from
+    ``out.info['responsibility']`` (shaped like the value parameter without its last
+    axis). With damping 1 and a squared-error read-out under hard attention this lands on
+    the responsibility-weighted mean of the users' targets. Every other parameter takes
+    plain SGD at ``lr``."""
+
+    def __init__(self, lr: float | Mapping[str, float], *, value: str = "W_V", damping: float = 1.0,
+                 min_responsibility: float = 1e-6):
+        self.other = SGD(lr)
+        self.value = value
+        self.damping = check_float("damping", damping, 0.0, None, low_open=True)
+        self.min_responsibility = check_float("min_responsibility", min_responsibility, 0.0, None, low_open=True)
+
+    def __call__(self, params, out, step):
+        if "responsibility" not in out.info:
+            raise KeyError("PrototypeMStep needs out.info['responsibility'] (N_j for every value slot)")
+        N = out.info["responsibility"]
+        v = params[self.value]
+        if N.shape != v.shape[:-1]:
+            raise ValueError(f"responsibility has shape {tuple(N.shape)}; the value parameter needs {tuple(v.shape[:-1])}")
+        with torch.no_grad():
+            # A slot nobody uses has no M-step; it stays where it is.
+            scale = torch.where(N > self.min_responsibility, self.damping / N.clamp_min(self.min_responsibility), 0.0)
+            v.sub_(scale.unsqueeze(-1) * out.grads[self.value])
+            rest = StepOutput(out.loss, {n: g for n, g in out.grads.items() if n != self.value}, out.info)
+            self.other(params, rest, step)
+
+
+class TorchOptimizer:
+    """Wraps a torch.optim optimizer (gradients already in ``.grad``), with optional
+    gradient-norm clipping and a learning-rate scheduler stepped after each update."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, *, scheduler=None, clip_norm: float | None = None):
+        self.optimizer, self.scheduler = optimizer, scheduler
+        self.clip_norm = None if clip_norm is None else check_float("clip_norm", clip_norm, 0.0, None, low_open=True)
+
+    def __call__(self, params, out, step):
+        if self.clip_norm is not None:
+            torch.nn.utils.clip_grad_norm_([p for group in self.optimizer.param_groups for p in group["params"]], self.clip_norm)
+        self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
+
+
+@dataclass
+class History:
+    loss: np.ndarray  # (n_steps + 1,) or (n_steps + 1, R): loss before each update, and after the last
+    records: list[tuple[int, Any]]  # (step, whatever the callback returned) at every ``every`` steps
+
+    def recorded(self, key: str) -> tuple[np.ndarray, list]:
+        """Steps and values of one key of dict-valued records."""
+        steps = np.array([s for s, r in self.records if key in r])
+        return steps, [r[key] for s, r in self.records if key in r]
+
+
+def _check_finite(step: int, out: StepOutput, max_loss: float | None) -> None:
+    loss = out.loss.detach()
+    flat = loss.reshape(-1)
+    bad = ~torch.isfinite(flat)
+    if bool(bad.any()):
+        run = int(bad.nonzero()[0]) if flat.numel() > 1 else None
+        raise TrainingDiverged(step, f"the loss is {float(flat[run or 0])}", run)
+    if max_loss is not None and bool((flat > max_loss).any()):
+        run = int((flat > max_loss).nonzero()[0]) if flat.numel() > 1 else None
+        raise TrainingDiverged(step, f"the loss {float(flat[run or 0]):.4g} exceeded max_loss = {max_loss:g}", run)
+    for name, g in out.grads.items():
+        if not bool(torch.isfinite(g).all()):
+            raise TrainingDiverged(step, f"the gradient of {name} is not finite")
+
+
+def train(params: dict[str, Tensor], loss_fn: Callable[[dict[str, Tensor]], StepOutput], rule: UpdateRule,
+          n_steps: int, *, callback: Callable[[int, dict[str, Tensor], StepOutput], Any] | None = None,
+          every: int = 1, max_loss: float | None = None, progress: bool = False, desc: str = "training") -> History:
+    """Evaluate, record, update, ``n_steps`` times, then evaluate once more.
+
+    The loss at index t of the history is the loss of the parameters after t updates.
+    ``callback(step, params, out)`` is called at steps 0, every, 2*every, ... and at the
+    last step. Raises :class:`TrainingDiverged` with the step and the cause when a loss or
+    gradient stops being finite or the loss exceeds ``max_loss``.
+    """
+    n_steps = check_int("n_steps", n_steps, 0, None)
+    every = check_int("every", every, 1, None)
+    if max_loss is not None:
+        max_loss = check_float("max_loss", max_loss, 0.0, None, low_open=True)
+    losses, records = [], []
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=n_steps, desc=desc, leave=False)
+    try:
+        for step in range(n_steps + 1):
+            out = loss_fn(params)
+            _check_finite(step, out, max_loss)
+            losses.append(out.loss.detach().cpu().numpy().copy())
+            if callback is not None and (step % every == 0 or step == n_steps):
+                records.append((step, callback(step, params, out)))
+            if step == n_steps:
+                break
+            rule(params, out, step)
+            if bar is not None:
+                bar.update(1)
+                if step % 50 == 0:
+                    bar.set_postfix(loss=f"{float(np.mean(losses[-1])):.4f}")
+    finally:
+        if bar is not None:
+            bar.close()
+    return History(np.stack(losses), records)

@@ -1,0 +1,177 @@
+"""The training loop, its update rules, the EM pieces and the specialization measures."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from attention_dynamics.em import (em_step, gmm_log_likelihood, gmm_responsibilities, head_e_step, head_value_step,
+                                   sample_gmm, squared_error_value_gradient)
+from attention_dynamics.head import HeadParams, init_head
+from attention_dynamics.laws import head_forward, loss_and_gradients
+from attention_dynamics.specialization import (advantage_sign_agreement, cluster_usage, specialization_index,
+                                               value_cluster_shares)
+from attention_dynamics.tasks.clusters import cluster_loss_fn, init_cluster_head, make_cluster_task
+from attention_dynamics.training import (SGD, PrototypeMStep, StepOutput, TorchOptimizer, TrainingDiverged, em_style,
+                                         train)
+
+F64 = torch.float64
+
+
+def quadratic(target):
+    def fn(p):
+        d = p["w"] - target
+        return StepOutput((0.5 * d**2).sum(-1), {"w": d.clone()})
+    return fn
+
+
+def test_sgd_on_a_quadratic_contracts_by_one_minus_lr():
+    target = torch.tensor([1.0, -2.0], dtype=F64)
+    p = {"w": torch.zeros(2, dtype=F64)}
+    h = train(p, quadratic(target), SGD(0.25), 10)
+    assert h.loss.shape == (11,)
+    assert np.allclose(h.loss, h.loss[0] * 0.75 ** (2 * np.arange(11)), rtol=1e-12)
+
+
+def test_per_run_rates_and_losses_for_batched_runs():
+    target = torch.zeros(3, 2, dtype=F64)
+    p = {"w": torch.ones(3, 2, dtype=F64)}
+    h = train(p, quadratic(target), SGD({"w": torch.tensor([0.1, 0.5, 1.0], dtype=F64)}), 1)
+    assert h.loss.shape == (2, 3)
+    assert np.allclose(h.loss[1], [0.81, 0.25, 0.0])
+
+
+def test_divergence_stops_with_step_and_cause():
+    target = torch.zeros(2, dtype=F64)
+    with pytest.raises(TrainingDiverged, match=r"diverged at step \d+: the loss .* exceeded max_loss = 100") as e:
+        train({"w": torch.ones(2, dtype=F64)}, quadratic(target), SGD(3.0), 50, max_loss=100.0)
+    assert e.value.step > 0
+
+    def nan_fn(p):
+        return StepOutput(torch.tensor(float("nan")), {"w": p["w"]})
+    with pytest.raises(TrainingDiverged, match="at step 0: the loss is nan"):
+        train({"w": torch.ones(1)}, nan_fn, SGD(0.1), 3)
+
+    def bad_grad(p):
+        return StepOutput(torch.tensor(1.0), {"w": torch.tensor([float("inf")])})
+    with pytest.raises(TrainingDiverged, match="gradient of w is not finite"):
+        train({"w": torch.ones(1)}, bad_grad, SGD(0.1), 3)
+
+
+def test_divergence_names_the_run():
+    def fn(p):
+        return StepOutput(torch.tensor([1.0, float("inf"), 2.0]), {})
+    with pytest.raises(TrainingDiverged, match=r"\(run 1\)"):
+        train({}, fn, SGD(0.1), 1)
+
+
+def test_rules_validate_arguments():
+    with pytest.raises(ValueError, match=r"lr must be a finite number in \(0, inf\)"):
+        SGD(0.0)
+    with pytest.raises(ValueError, match=r"lr\['W_V'\]"):
+        SGD({"W_V": -1.0})
+    with pytest.raises(KeyError, match="no learning rate for parameter 'W_O'"):
+        SGD({"W_V": 0.1})({"W_O": torch.zeros(1)}, StepOutput(torch.tensor(0.0), {"W_O": torch.zeros(1)}), 0)
+    with pytest.raises(ValueError, match=r"n_steps must be an integer >= 0"):
+        train({}, quadratic(torch.zeros(1)), SGD(0.1), -1)
+
+
+def test_em_style_rates_by_group():
+    rule = em_style(0.01, 0.1)
+    assert rule.lr == {"W_Q": 0.01, "W_K": 0.01, "W_O": 0.01, "W_V": 0.1}
+
+
+def test_closed_form_training_matches_autograd_sgd():
+    """The loop with closed-form gradients equals torch autograd + plain SGD step for step."""
+    task = make_cluster_task(3, 5, 4, seed=1)
+    p = init_cluster_head(task, 3, 3, std=0.5, seed=2)
+    ref = {n: t.clone().requires_grad_(True) for n, t in p.items()}
+    h = train(p, cluster_loss_fn(task), SGD(0.5), 20)
+    opt = torch.optim.SGD(ref.values(), lr=0.5)
+    for _ in range(20):
+        opt.zero_grad()
+        loss, *_ = loss_and_gradients(HeadParams(**ref), task.x[None], task.cluster[None], memory=task.memory[None])
+        loss.backward()
+        opt.step()
+    for n in p:
+        assert torch.allclose(p[n], ref[n].detach(), atol=1e-12)
+
+
+def test_torch_optimizer_rule_with_clipping():
+    w = torch.nn.Parameter(torch.tensor([10.0]))
+    opt = torch.optim.SGD([w], lr=1.0)
+
+    def fn(p):
+        opt.zero_grad()
+        loss = (p["w"] ** 2).sum()
+        loss.backward()
+        return StepOutput(loss.detach(), {"w": p["w"].grad})
+    train({"w": w}, fn, TorchOptimizer(opt, clip_norm=1.0), 1)
+    assert w.item() == pytest.approx(9.0)
+
+
+def test_prototype_m_step_lands_on_weighted_mean_under_hard_attention():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(12, 2, generator=g, dtype=F64)
+    values = torch.randn(3, 2, generator=g, dtype=F64)
+    alpha = torch.nn.functional.one_hot(torch.arange(12) % 3, 3).to(F64)
+    _, grad = squared_error_value_gradient(alpha, values, x)
+    p = {"W_V": values.clone()[None]}
+    PrototypeMStep(0.1)(p, StepOutput(torch.tensor(0.0), {"W_V": grad[None]}, {"responsibility": alpha.sum(0)[None]}), 0)
+    mean = torch.stack([x[torch.arange(12) % 3 == j].mean(0) for j in range(3)])
+    assert torch.allclose(p["W_V"][0], mean, atol=1e-14)
+    assert torch.allclose(head_value_step(alpha, values, x), mean, atol=1e-14)
+
+
+def test_prototype_m_step_needs_responsibilities():
+    with pytest.raises(KeyError, match="responsibility"):
+        PrototypeMStep(0.1)({"W_V": torch.zeros(1, 2, 2)}, StepOutput(torch.tensor(0.0), {"W_V": torch.zeros(1, 2, 2)}), 0)
+
+
+def test_head_attention_is_the_e_step_and_em_increases_likelihood():
+    means = torch.tensor([[0.0, 0.0], [3.0, 0.0], [0.0, 3.0]], dtype=F64)
+    x, _ = sample_gmm(50, means, 1.0, seed=0)
+    start = means + 0.7
+    assert torch.allclose(head_e_step(x, start, 1.0), gmm_responsibilities(x, start, 1.0), atol=1e-14)
+    ll = [gmm_log_likelihood(x, start, 1.0)]
+    mu = start
+    for _ in range(20):
+        mu = em_step(x, mu, 1.0)
+        ll.append(gmm_log_likelihood(x, mu, 1.0))
+    assert all(b >= a - 1e-12 for a, b in zip(ll, ll[1:]))  # EM never lowers the likelihood
+    # independent check of the responsibilities
+    d2 = ((x[:, None] - start[None]) ** 2).sum(-1)
+    r = torch.softmax(-d2 / 2, 1)
+    assert torch.allclose(gmm_responsibilities(x, start, 1.0), r, atol=1e-14)
+
+
+def test_specialization_index_extremes():
+    cluster = torch.tensor([0, 0, 1, 1])
+    perfect = torch.tensor([[1.0, 0], [1, 0], [0, 1], [0, 1]], dtype=F64)
+    uniform = torch.full((4, 2), 0.5, dtype=F64)
+    assert specialization_index(perfect, cluster, 2) == pytest.approx(1.0)
+    assert specialization_index(uniform, cluster, 2) == pytest.approx(0.0, abs=1e-15)
+    usage = cluster_usage(perfect, cluster, 2)
+    assert usage.tolist() == [[1.0, 0.0], [0.0, 1.0]]
+    shares, N = value_cluster_shares(uniform, cluster, 2)
+    assert N.tolist() == [2.0, 2.0] and shares.tolist() == [[0.5, 0.5], [0.5, 0.5]]
+
+
+def test_advantage_sign_agreement_counts():
+    alpha = torch.tensor([[0.5, 0.25, 0.25]], dtype=F64)
+    b = torch.tensor([[1.0, -1.0, 3.0]], dtype=F64)  # advantages [0, -2, 2]
+    rate, wrate, n = advantage_sign_agreement(alpha, b, torch.tensor([[0.0, 0.1, -0.1]], dtype=F64))
+    assert (rate, wrate, n) == (1.0, 1.0, 2)
+    rate, wrate, n = advantage_sign_agreement(alpha, b, torch.tensor([[0.0, -0.1, -0.1]], dtype=F64))
+    assert rate == 0.5 and n == 2
+
+
+def test_cluster_task_and_symmetric_start():
+    task = make_cluster_task(4, 6, 5, spread=0.0, seed=3)
+    assert task.x.shape == (24, 5) and torch.allclose(task.x, task.centers[task.cluster])
+    p = init_cluster_head(task, 3, 2, seed=0, symmetric=0.0)
+    assert torch.all(p["W_V"][0] == p["W_V"][0, :1]) and torch.all(p["W_K"][0] == p["W_K"][0, :1])
+    with pytest.raises(ValueError, match="n_clusters must be an integer in \\[2, 64\\]"):
+        make_cluster_task(1)
