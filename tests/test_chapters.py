@@ -64,3 +64,25 @@ def test_every_number_glued_into_the_text_is_recorded(root, quick_runs):
         keys = set(re.findall(r"\{glue:text\}`([A-Za-z_][A-Za-z0-9_]*)", prose))
         missing = keys - set(quick_runs(name)["values"])
         assert not missing, f"{name}: glued but never recorded: {sorted(missing)}"
+
+
+def test_sticky_chain_chapter(quick_runs):
+    v = quick_runs("sticky_chain")["values"]
+    assert abs(v["self_transition"] - 0.3498) < 5e-5  # the script's matrix, quirk included
+    assert abs(v["floor_conditional_entropy"] - 1.8292) < 5e-5
+    assert v["floor_conditional_entropy"] < v["floor_filter"] <= v["floor_x_only"] + 3 * v["floor_filter_se"]
+    assert v["floor_filter"] < v["floor_uniform"]
+    assert v["em_final_mean"] < v["sgd_final_mean"]  # the EM-style schedule is ahead
+    assert v["n_reached"] >= 1 and v["speedup"] > 1
+    assert v["gap_filter_sgd"] > 0 and v["gap_filter_em"] > 0  # short training stays above the honest floor
+    assert v["long_below_filter_on_train"]  # long training fits the training sequence below the floor
+    assert v["long_test_best_em"] > v["long_filter_test"] and v["long_test_best_sgd"] > v["long_filter_test"]
+    assert not v["mstep_diverged"]
+
+
+def test_sticky_chain_deep_chapter(quick_runs):
+    v = quick_runs("sticky_chain_deep")["values"]
+    assert v["n_seeds"] >= 2
+    assert v["test_loss_mean"] < 2.0794  # better than uniform on fresh data after a few steps
+    assert v["gap_filter_mean"] > 0  # and, on fresh data, never below the Bayes-optimal filter
+    assert 0 <= v["test_accuracy_mean"] <= 1

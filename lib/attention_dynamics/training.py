@@ -34,6 +34,7 @@ __all__ = [
     "ROUTING",
     "CONTENT",
     "PrototypeMStep",
+    "NormalizedValueStep",
     "TorchOptimizer",
     "History",
     "train",
@@ -129,6 +130,30 @@ class PrototypeMStep:
             v.sub_(scale.unsqueeze(-1) * out.grads[self.value])
             rest = StepOutput(out.loss, {n: g for n, g in out.grads.items() if n != self.value}, out.info)
             self.other(params, rest, step)
+
+
+class NormalizedValueStep:
+    """The prototype M-step carried to values computed from inputs, v_j = x_j W_V:
+    every value's gradient is divided by its share of responsibility, N_j / mean(N) (the
+    1/N_j of R6, normalized so that an average value keeps the plain rate), floored at
+    ``min_share`` so that keys almost nobody reads do not take huge steps; the result is
+    mapped to W_V through the inputs like a gradient (W_V <- W_V - lr X^T dV'). Needs
+    ``out.info['dV']`` (R, T, d_v) and ``out.info['N']`` (R, T) and the inputs x (R, T, d_x).
+    Every other parameter takes plain SGD."""
+
+    def __init__(self, lr: float | Mapping[str, float | Tensor], x: Tensor, *, value: str = "W_V", min_share: float = 0.1):
+        self.sgd = SGD(lr)
+        self.x, self.value = x, value
+        self.min_share = check_float("min_share", min_share, 0.0, None, low_open=True)
+
+    def __call__(self, params, out, step):
+        for key in ("dV", "N"):
+            if key not in out.info:
+                raise KeyError(f"NormalizedValueStep needs out.info[{key!r}] (use value_info=True)")
+        N = out.info["N"]
+        share = (N / N.mean(-1, keepdim=True)).clamp_min(self.min_share)
+        grad_v = self.x.transpose(-1, -2) @ (out.info["dV"] / share[..., None])
+        self.sgd(params, StepOutput(out.loss, {**out.grads, self.value: grad_v}, out.info), step)
 
 
 class TorchOptimizer:

@@ -1,0 +1,97 @@
+"""Geometric statistics of a trained transformer (R8): the value manifold, the key frame,
+attention focusing, and calibration against an exact posterior. All in bits where an
+entropy is involved."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .checks import check_int, check_tensor
+
+__all__ = [
+    "entropy_bits",
+    "calibration_errors",
+    "pc_shares",
+    "spearman",
+    "random_abs_cosine",
+    "key_orthogonality",
+    "attention_entropy_bits",
+]
+
+LOG2E = 1 / math.log(2)
+
+
+def entropy_bits(log_probs: Tensor) -> Tensor:
+    """Entropy of each distribution (last axis, natural-log probabilities) in bits."""
+    p = log_probs.exp()
+    return -(p * torch.where(p > 0, log_probs, torch.zeros((), dtype=log_probs.dtype))).sum(-1) * LOG2E
+
+
+def calibration_errors(log_probs: Tensor, bayes_bits: Tensor, posterior: Tensor | None = None) -> dict[str, Tensor]:
+    """Model against exact posterior at the supervised positions.
+
+    log_probs: (B, P, C) the model's log-probabilities; bayes_bits: (P,) exact posterior
+    entropies. Returns per-position (P,) mean model entropy, mean |H_model - H_Bayes| and,
+    given the posterior (B, P, C), the mean KL(posterior || model) in bits; plus 'mae', the
+    mean absolute entropy error over all samples and positions."""
+    check_tensor("log_probs", log_probs, ndim=3)
+    H = entropy_bits(log_probs.double())
+    err = (H - bayes_bits[None].to(H.dtype)).abs()
+    out = {"model_bits": H.mean(0), "abs_error_bits": err.mean(0), "mae": err.mean()}
+    if posterior is not None:
+        p = posterior.to(torch.float64)
+        logp = torch.where(p > 0, p.log(), torch.zeros((), dtype=p.dtype))
+        kl = (p * (logp - log_probs.double())).sum(-1) * LOG2E
+        out["kl_bits"] = kl.mean(0)
+    return out
+
+
+def pc_shares(X: Tensor, k: int = 3) -> np.ndarray:
+    """Fractions of the total variance carried by the first k principal components."""
+    check_tensor("X", X, ndim=2)
+    k = check_int("k", k, 1, None)
+    Xc = (X - X.mean(0)).double()
+    s = torch.linalg.svdvals(Xc) ** 2
+    return (s[:k] / s.sum()).numpy()
+
+
+def leading_coordinate(X: Tensor) -> Tensor:
+    Xc = (X - X.mean(0)).double()
+    _, _, Vh = torch.linalg.svd(Xc, full_matrices=False)
+    return Xc @ Vh[0]
+
+
+def spearman(a, b) -> float:
+    """Spearman rank correlation (average ranks for ties)."""
+    from scipy.stats import spearmanr
+
+    r = spearmanr(np.asarray(a, float), np.asarray(b, float)).statistic
+    return float(r)
+
+
+def random_abs_cosine(d: int) -> float:
+    """E|cos| between two independent uniformly random directions in R^d."""
+    d = check_int("d", d, 1, None)
+    if d == 1:
+        return 1.0
+    return math.exp(math.lgamma(d / 2) - math.lgamma((d + 1) / 2)) / math.sqrt(math.pi)
+
+
+def key_orthogonality(keys: Tensor, symbols: Tensor, n_symbols: int) -> tuple[float, float]:
+    """Mean |cos| between the mean keys of different symbols, and the same for random
+    directions in the key space (the baseline). keys: (n, d); symbols: (n,)."""
+    check_tensor("keys", keys, ndim=2)
+    means = torch.stack([keys[symbols == s].mean(0) for s in range(n_symbols) if (symbols == s).any()])
+    unit = means / means.norm(dim=1, keepdim=True).clamp_min(1e-12)
+    cos = unit @ unit.T
+    off = ~torch.eye(len(unit), dtype=torch.bool)
+    return float(cos[off].abs().mean()), random_abs_cosine(keys.shape[1])
+
+
+def attention_entropy_bits(weights: Tensor) -> Tensor:
+    """Entropy of each attention row in bits: (..., T)."""
+    logw = torch.where(weights > 0, weights.log(), torch.zeros((), dtype=weights.dtype))
+    return -(weights * logw).sum(-1) * LOG2E

@@ -1,0 +1,84 @@
+"""The bijection-elimination wind tunnel of Paper I (R8): a task whose exact posterior is
+known at every supervised position.
+
+Each sample draws a fresh random bijection pi on V symbols and L distinct keys (L <= V).
+The sequence is [k_1, pi(k_1), ..., k_L, pi(k_L), q] with q one of the context keys; keys
+and values share one alphabet of V symbols. The model predicts the next token, and we
+supervise the L value tokens and the answer pi(q) after the query:
+
+- at the value of pair i (0-indexed), the answer is uniform over the V - i values not yet
+  seen: posterior entropy log2(V - i) bits;
+- after the query the answer is certain: 0 bits.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..checks import check_int
+
+__all__ = ["WindTunnel", "bayes_entropy_bits", "posterior", "sample_batch", "supervised_positions"]
+
+
+@dataclass(frozen=True)
+class WindTunnel:
+    V: int  # alphabet size
+    L: int  # pairs in context
+
+    def __post_init__(self):
+        check_int("V", self.V, 2, 4096)
+        check_int("L", self.L, 1, self.V)
+
+    @property
+    def length(self) -> int:
+        """Tokens per sequence: L pairs and the query."""
+        return 2 * self.L + 1
+
+
+def supervised_positions(task: WindTunnel) -> Tensor:
+    """Positions whose next token is supervised: each key (its value follows) and the query."""
+    return torch.cat([torch.arange(0, 2 * task.L, 2), torch.tensor([2 * task.L])])
+
+
+def bayes_entropy_bits(task: WindTunnel) -> Tensor:
+    """Exact posterior entropy in bits at each supervised position: log2(V - i), then 0."""
+    return torch.tensor([math.log2(task.V - i) for i in range(task.L)] + [0.0], dtype=torch.float64)
+
+
+def posterior(tokens: Tensor, task: WindTunnel) -> Tensor:
+    """The exact posterior over the next token at every supervised position: (B, L + 1, V).
+    At a value position: uniform over values not yet seen; after the query: one-hot."""
+    B = tokens.shape[0]
+    V, L = task.V, task.L
+    post = torch.zeros(B, L + 1, V, dtype=torch.float64)
+    seen = torch.zeros(B, V, dtype=torch.bool)
+    for i in range(L):
+        free = ~seen
+        post[:, i] = free.double() / free.sum(1, keepdim=True)
+        seen[torch.arange(B), tokens[:, 2 * i + 1]] = True
+    keys, vals = tokens[:, 0:2 * L:2], tokens[:, 1:2 * L:2]
+    q = tokens[:, 2 * L]
+    answer = vals[keys == q[:, None]]
+    post[torch.arange(B), L, answer] = 1.0
+    return post
+
+
+def sample_batch(task: WindTunnel, batch: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    """``batch`` fresh samples: tokens (B, 2L + 1) and the targets (B, L + 1) at the
+    supervised positions. Vectorized: permutations come from argsort of uniform noise."""
+    B = check_int("batch", batch, 1, 10_000_000)
+    V, L = task.V, task.L
+    pi = torch.rand(B, V, generator=generator).argsort(1)  # a random bijection per sample
+    keys = torch.rand(B, V, generator=generator).argsort(1)[:, :L]  # L distinct keys
+    vals = pi.gather(1, keys)
+    q_idx = torch.randint(0, L, (B,), generator=generator)
+    q = keys.gather(1, q_idx[:, None])
+    tokens = torch.empty(B, 2 * L + 1, dtype=torch.long)
+    tokens[:, 0:2 * L:2] = keys
+    tokens[:, 1:2 * L:2] = vals
+    tokens[:, 2 * L] = q[:, 0]
+    targets = torch.cat([vals, vals.gather(1, q_idx[:, None])], 1)
+    return tokens, targets

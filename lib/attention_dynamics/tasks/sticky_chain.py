@@ -1,0 +1,240 @@
+"""The sticky Markov chain of the paper's headline experiment (R7), exactly as the digest
+gives the authors' protocol, with its Bayes floors.
+
+- 8 states on a circle; off-diagonal weight 1/d(i, j) with circular distance d. The
+  authors' script sets the diagonal to 0.3, normalizes the row, scales it by 0.7, adds 0.3
+  on the diagonal again and renormalizes, so the real self-transition is 0.3498, not 0.3.
+  We reproduce that matrix (it is what the reported numbers come from).
+- Symbol means mu_k in R^20 drawn N(0, I) once from a generator seeded 0.
+- Per run: 2000 states, uniform start; x_t = mu_{y_{t-1}} + eps_t, eps_t ~ N(0, I);
+  target y_t; 1999 positions.
+
+The matrix is circulant (it depends on j - i mod 8 only), so the increments
+y_t - y_{t-1} mod 8 are i.i.d. draws from row 0: a whole sequence is a cumulative sum, with
+no loop over time.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..checks import check_float, check_int
+
+__all__ = [
+    "N_STATES",
+    "D_X",
+    "SEEDS",
+    "transition_matrix",
+    "symbol_means",
+    "StickySequence",
+    "sample_sequences",
+    "conditional_entropy",
+    "stationary_distribution",
+    "predict_from_x_only",
+    "forward_filter",
+    "cross_entropy_of",
+    "expected_floors",
+    "D_K",
+    "D_V",
+    "SCHEDULES",
+    "init_weights",
+    "schedule_rates",
+    "train_naive",
+]
+
+N_STATES = 8
+D_X = 20
+SEEDS = (42, 2024, 1337, 7777, 9999)
+
+
+def transition_matrix(n_states: int = N_STATES, self_weight: float = 0.3, *, quirk: bool = True,
+                      dtype=torch.float64) -> Tensor:
+    """The authors' transition matrix. ``quirk=False`` gives the matrix the script meant
+    (self-transition exactly ``self_weight``, the rest spread as 1/d)."""
+    n = check_int("n_states", n_states, 2, 1024)
+    w = check_float("self_weight", self_weight, 0.0, 1.0, high_open=True)
+    i = torch.arange(n)
+    diff = (i[None, :] - i[:, None]).abs()
+    d = torch.minimum(diff, n - diff).to(dtype)
+    off = torch.where(d > 0, 1.0 / d.clamp_min(1), torch.zeros((), dtype=dtype))
+    if not quirk:
+        off = off / off.sum(1, keepdim=True)
+        return (1 - w) * off + w * torch.eye(n, dtype=dtype)
+    A = off + w * torch.eye(n, dtype=dtype)  # diagonal set to 0.3 ...
+    A = A / A.sum(1, keepdim=True)  # ... row normalized ...
+    A = (1 - w) * A  # ... scaled by 0.7 ...
+    A = A + w * torch.eye(n, dtype=dtype)  # ... 0.3 added on the diagonal again ...
+    return A / A.sum(1, keepdim=True)  # ... and renormalized
+
+
+def symbol_means(n_states: int = N_STATES, d_x: int = D_X, seed: int = 0, dtype=torch.float64) -> Tensor:
+    g = torch.Generator().manual_seed(check_int("seed", seed, 0, None))
+    return torch.randn(n_states, d_x, generator=g, dtype=dtype)
+
+
+@dataclass(frozen=True)
+class StickySequence:
+    states: Tensor  # (R, T + 1) y_0 .. y_T
+    x: Tensor  # (R, T, d_x): x_t = mu_{y_{t-1}} + eps_t, t = 1..T
+    y: Tensor  # (R, T): targets y_t, t = 1..T
+
+    @property
+    def length(self) -> int:
+        return self.y.shape[1]
+
+
+def sample_sequences(seeds, *, n_states_seq: int = 2000, A: Tensor | None = None, means: Tensor | None = None,
+                     dtype=torch.float32) -> StickySequence:
+    """One sequence of ``n_states_seq`` states per seed (uniform start), stacked on a
+    leading run dimension; inputs in ``dtype``. Each seed's draws come from its own
+    generator: first the start state, then the increments, then the noise."""
+    A = transition_matrix() if A is None else A
+    means = symbol_means() if means is None else means
+    n = A.shape[0]
+    first = A[0]
+    if not torch.allclose(A, torch.stack([first.roll(i) for i in range(n)]), atol=1e-12):
+        raise ValueError("the cumulative-sum sampler needs a circulant transition matrix")
+    L = check_int("n_states_seq", n_states_seq, 2, 10_000_000)
+    states, noise = [], []
+    for s in seeds:
+        g = torch.Generator().manual_seed(check_int("seed", s, 0, None))
+        y0 = torch.randint(0, n, (1,), generator=g)
+        inc = torch.multinomial(first.to(torch.float64), L - 1, replacement=True, generator=g)
+        states.append(torch.cat([y0, (y0 + inc.cumsum(0)) % n]))
+        noise.append(torch.randn(L - 1, means.shape[1], generator=g, dtype=torch.float64))
+    states = torch.stack(states)
+    x = means[states[:, :-1]] + torch.stack(noise)
+    return StickySequence(states=states, x=x.to(dtype), y=states[:, 1:].clone())
+
+
+def stationary_distribution(A: Tensor) -> Tensor:
+    evals, evecs = torch.linalg.eig(A.T)
+    v = evecs[:, torch.argmin((evals - 1).abs())].real
+    return v / v.sum()
+
+
+def conditional_entropy(A: Tensor) -> float:
+    """H(Y_t | Y_{t-1}) in nats under the stationary distribution: the script's
+    "theoretical minimum", reachable only by a predictor that knows y_{t-1} exactly."""
+    pi = stationary_distribution(A)
+    logA = torch.log(torch.where(A > 0, A, torch.ones((), dtype=A.dtype)))
+    return float(-(pi[:, None] * A * logA).sum())
+
+
+def _emission_loglik(x: Tensor, means: Tensor) -> Tensor:
+    """log N(x_t; mu_h, I) for every h: (..., T, n_states)."""
+    x = x.to(means.dtype)
+    d = means.shape[1]
+    sq = ((x[..., None, :] - means) ** 2).sum(-1)
+    return -0.5 * sq - 0.5 * d * math.log(2 * math.pi)
+
+
+def predict_from_x_only(x: Tensor, A: Tensor, means: Tensor) -> Tensor:
+    """log P(y_t | x_t) for the best predictor that sees only x_t (stationary prior on
+    y_{t-1}): (..., T, n_states)."""
+    pi = stationary_distribution(A)
+    post = torch.softmax(_emission_loglik(x, means) + torch.log(pi), -1)  # P(y_{t-1} | x_t)
+    return torch.log(post @ A)
+
+
+def forward_filter(x: Tensor, A: Tensor, means: Tensor) -> Tensor:
+    """log P(y_t | x_1..x_t), the Bayes-optimal causal predictor (an HMM forward filter
+    whose hidden state at time t is y_{t-1}, emitting x_t): (..., T, n_states)."""
+    e = _emission_loglik(x, means)
+    T = e.shape[-2]
+    log_belief = torch.log(stationary_distribution(A)).expand(e.shape[:-2] + (A.shape[0],))  # prior on y_0
+    out = []
+    logA = torch.log(A)
+    for t in range(T):
+        post = torch.log_softmax(log_belief + e[..., t, :], -1)  # P(y_{t-1} | x_1..x_t)
+        pred = torch.logsumexp(post[..., :, None] + logA, -2)  # P(y_t | x_1..x_t)
+        out.append(pred)
+        log_belief = pred
+    return torch.stack(out, -2)
+
+
+def cross_entropy_of(log_pred: Tensor, y: Tensor) -> Tensor:
+    """Mean over positions of -log P(y_t), per run: (...,)."""
+    return -log_pred.gather(-1, y[..., None]).squeeze(-1).mean(-1)
+
+
+def expected_floors(n_sequences: int = 64, *, seed: int = 123456, length: int = 2000) -> dict[str, float]:
+    """The floors in nats, as expectations: exact for the uniform and H(Y|Y_prev)
+    predictors, Monte Carlo over ``n_sequences`` fresh sequences for the x_t-only
+    predictor and the forward filter (with their standard errors)."""
+    A, means = transition_matrix(), symbol_means()
+    seq = sample_sequences(range(seed, seed + check_int("n_sequences", n_sequences, 2, 100_000)),
+                           n_states_seq=length, dtype=torch.float64)
+    x_only = cross_entropy_of(predict_from_x_only(seq.x, A, means), seq.y)
+    filt = cross_entropy_of(forward_filter(seq.x, A, means), seq.y)
+    n = len(x_only)
+    return {
+        "uniform": math.log(A.shape[0]),
+        "conditional_entropy": conditional_entropy(A),
+        "x_only": float(x_only.mean()), "x_only_se": float(x_only.std() / math.sqrt(n)),
+        "filter": float(filt.mean()), "filter_se": float(filt.std() / math.sqrt(n)),
+    }
+
+
+# --- the single-head model of the protocol -------------------------------------------
+
+D_K, D_V = 10, 15
+SCHEDULES = {
+    "SGD": {"W_Q": 0.01, "W_K": 0.01, "W_V": 0.01, "W_O": 0.01},
+    "EM-style": {"W_Q": 0.01, "W_K": 0.01, "W_V": 0.1, "W_O": 0.01},
+}
+
+
+def init_weights(seeds, *, std: float = 0.1, d_x: int = D_X, d_k: int = D_K, d_v: int = D_V,
+                 n_classes: int = N_STATES, dtype=torch.float32) -> dict[str, Tensor]:
+    """W_Q, W_K, W_V, W_O ~ N(0, std^2) for each seed, stacked on a leading run axis.
+    The weights of seed s come from a generator seeded s + 10**6 (the sequence uses s),
+    drawn in float64 and cast, so float32 and float64 runs start from the same point."""
+    out = {"W_Q": [], "W_K": [], "W_V": [], "W_O": []}
+    for s in seeds:
+        g = torch.Generator().manual_seed(check_int("seed", s, 0, None) + 10**6)
+        for name, shape in (("W_Q", (d_x, d_k)), ("W_K", (d_x, d_k)), ("W_V", (d_x, d_v)), ("W_O", (d_v, n_classes))):
+            out[name].append(torch.randn(*shape, generator=g, dtype=torch.float64) * std)
+    return {n: torch.stack(v).to(dtype) for n, v in out.items()}
+
+
+def schedule_rates(schedules: list[str], dtype=torch.float32) -> dict[str, Tensor]:
+    """Per-run learning rates (one entry per run) for SGD(...) from schedule names."""
+    for s in schedules:
+        if s not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {list(SCHEDULES)}, got {s!r}")
+    return {n: torch.tensor([SCHEDULES[s][n] for s in schedules], dtype=dtype) for n in ("W_Q", "W_K", "W_V", "W_O")}
+
+
+def train_naive(seed: int, x: Tensor, y: Tensor, schedule: str, n_steps: int) -> list[float]:
+    """The protocol as the authors' script runs it: one run, autograd, the full T x T
+    masked softmax, torch.optim.SGD with one parameter group per learning rate. Returns the
+    loss before each update and after the last (n_steps + 1 values). The benchmark's
+    baseline and the fast path's reference."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {list(SCHEDULES)}, got {schedule!r}")
+    w = {n: t[0].clone().requires_grad_(True) for n, t in init_weights([seed], dtype=x.dtype).items()}
+    lrs = SCHEDULES[schedule]
+    groups = {}
+    for n, lr in lrs.items():
+        groups.setdefault(lr, []).append(w[n])
+    opt = torch.optim.SGD([{"params": ps, "lr": lr} for lr, ps in groups.items()], lr=0.01)
+    T = x.shape[0]
+    mask = torch.tril(torch.ones(T, T, dtype=torch.bool))
+    losses = []
+    for step in range(n_steps + 1):
+        Q, K, V = x @ w["W_Q"], x @ w["W_K"], x @ w["W_V"]
+        S = (Q @ K.T) / math.sqrt(Q.shape[-1])
+        S = S.masked_fill(~mask, float("-inf"))
+        logits = torch.softmax(S, dim=-1) @ V @ w["W_O"]
+        loss = torch.nn.functional.cross_entropy(logits, y)
+        losses.append(loss.item())
+        if step == n_steps:
+            break
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return losses

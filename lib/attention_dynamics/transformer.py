@@ -1,0 +1,147 @@
+"""One small causal transformer, for the deep sticky-chain variant and the wind tunnel.
+
+Pre-LayerNorm blocks (multi-head causal self-attention, then a GELU feed-forward), a final
+LayerNorm and a linear read-out. Inputs are either real vectors (a linear input layer, as in
+the sticky chain) or tokens (an embedding, plus learned positions, as in the wind tunnel).
+
+Training runs attention through ``torch.nn.functional.scaled_dot_product_attention``
+(fused, causal). With ``inspect=True`` the same forward pass computes attention explicitly
+with :func:`attention_dynamics.head.attend` and returns every head's scores, weights,
+queries, keys and values; the two paths agree to rounding (tested).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .checks import check_bool, check_choice, check_float, check_int
+from .head import Attention, attend
+
+__all__ = ["TransformerConfig", "CausalTransformer", "HeadTrace", "parameter_groups"]
+
+
+@dataclass(frozen=True)
+class TransformerConfig:
+    n_out: int
+    d_model: int = 64
+    n_layers: int = 2
+    n_heads: int = 4
+    d_ff: int = 256
+    dropout: float = 0.0
+    input: str = "linear"  # "linear" (real vectors of width d_in) or "tokens" (ids < vocab)
+    d_in: int | None = None
+    vocab: int | None = None
+    max_len: int | None = None  # learned positional embeddings when set
+
+    def __post_init__(self):
+        check_int("n_out", self.n_out, 1, None)
+        check_int("d_model", self.d_model, 1, 65536)
+        check_int("n_layers", self.n_layers, 1, 256)
+        check_int("n_heads", self.n_heads, 1, self.d_model)
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model = {self.d_model} must be a multiple of n_heads = {self.n_heads}")
+        check_int("d_ff", self.d_ff, 1, None)
+        check_float("dropout", self.dropout, 0.0, 1.0, high_open=True)
+        check_choice("input", self.input, ("linear", "tokens"))
+        if self.input == "linear":
+            check_int("d_in", self.d_in, 1, None)
+        else:
+            check_int("vocab", self.vocab, 1, None)
+        if self.max_len is not None:
+            check_int("max_len", self.max_len, 1, None)
+
+
+@dataclass(frozen=True)
+class HeadTrace:
+    """One layer's attention, every head: q, k (B, H, T, d_h), v (B, H, T, d_h)."""
+
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    attention: Attention  # scores, weights (B, H, T, T), output
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.n_heads = cfg.n_heads
+        self.ln1 = nn.LayerNorm(cfg.d_model)
+        # separate maps so that routing (q, k) and values (v) can be trained apart
+        self.q = nn.Linear(cfg.d_model, cfg.d_model)
+        self.k = nn.Linear(cfg.d_model, cfg.d_model)
+        self.v = nn.Linear(cfg.d_model, cfg.d_model)
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model)
+        self.ln2 = nn.LayerNorm(cfg.d_model)
+        self.ff = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_ff), nn.GELU(), nn.Linear(cfg.d_ff, cfg.d_model))
+        self.drop = nn.Dropout(cfg.dropout)
+        self.p_attn = cfg.dropout
+
+    def forward(self, h: Tensor, inspect: bool = False) -> tuple[Tensor, HeadTrace | None]:
+        B, T, D = h.shape
+        a = self.ln1(h)
+        q, k, v = (m(a).view(B, T, self.n_heads, D // self.n_heads).transpose(1, 2) for m in (self.q, self.k, self.v))
+        trace = None
+        if inspect:
+            att = attend(q, k, v, causal=True)
+            o = att.output
+            trace = HeadTrace(q, k, v, att)
+        else:
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=0.0)
+        h = h + self.drop(self.proj(o.transpose(1, 2).reshape(B, T, D)))
+        h = h + self.drop(self.ff(self.ln2(h)))
+        return h, trace
+
+
+class CausalTransformer(nn.Module):
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.inp = nn.Linear(cfg.d_in, cfg.d_model) if cfg.input == "linear" else nn.Embedding(cfg.vocab, cfg.d_model)
+        self.pos = nn.Embedding(cfg.max_len, cfg.d_model) if cfg.max_len else None
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.ln_f = nn.LayerNorm(cfg.d_model)
+        self.out = nn.Linear(cfg.d_model, cfg.n_out)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: Tensor, *, inspect: bool = False) -> tuple[Tensor, list[HeadTrace]]:
+        """x: (B, T, d_in) floats or (B, T) token ids. Returns the logits (B, T, n_out) and,
+        with ``inspect``, one :class:`HeadTrace` per layer."""
+        check_bool("inspect", inspect)
+        if self.cfg.input == "tokens":
+            if x.dtype.is_floating_point or x.dim() != 2:
+                raise TypeError(f"x must be (B, T) integer token ids, got {x.dtype} of shape {tuple(x.shape)}")
+            if x.numel() and (int(x.min()) < 0 or int(x.max()) >= self.cfg.vocab):
+                raise ValueError(f"token ids must lie in [0, {self.cfg.vocab - 1}]")
+        elif x.dim() != 3 or x.shape[-1] != self.cfg.d_in:
+            raise ValueError(f"x must have shape (B, T, {self.cfg.d_in}), got {tuple(x.shape)}")
+        h = self.inp(x)
+        T = h.shape[1]
+        if self.pos is not None:
+            if T > self.cfg.max_len:
+                raise ValueError(f"sequence length {T} exceeds max_len = {self.cfg.max_len}")
+            h = h + self.pos(torch.arange(T, device=h.device))
+        h = self.drop(h)
+        traces = []
+        for block in self.blocks:
+            h, tr = block(h, inspect)
+            if inspect:
+                traces.append(tr)
+        return self.out(self.ln_f(h)), traces
+
+
+def parameter_groups(model: CausalTransformer) -> dict[str, list[str]]:
+    """Parameter names by role: 'routing' (query and key maps of every block), 'values'
+    (value maps) and 'other' (everything else)."""
+    groups = {"routing": [], "values": [], "other": []}
+    for name, _ in model.named_parameters():
+        parts = name.split(".")
+        role = "other"
+        if parts[0] == "blocks" and parts[2] in ("q", "k"):
+            role = "routing"
+        elif parts[0] == "blocks" and parts[2] == "v":
+            role = "values"
+        groups[role].append(name)
+    return groups
