@@ -86,3 +86,27 @@ def test_sticky_chain_deep_chapter(quick_runs):
     assert v["test_loss_mean"] < 2.0794  # better than uniform on fresh data after a few steps
     assert v["gap_filter_mean"] > 0  # and, on fresh data, never below the Bayes-optimal filter
     assert 0 <= v["test_accuracy_mean"] <= 1
+
+
+def test_wt_calibration_chapter(quick_runs):
+    v = quick_runs("wt_calibration")["values"]
+    assert v["mae_bits"] < v["mae_start_bits"]  # training moves the entropies toward the posterior
+    assert v["values_calibrated_step"] is not None  # the counting positions calibrate within a short run
+    assert v["big_mae_bits"] > 0 and v["kl_mean_bits"] >= 0
+
+
+def test_wt_geometry_chapter(quick_runs):
+    v = quick_runs("wt_geometry")["values"]
+    assert v["mae_end"] < v["mae_start"]
+    assert all(e < s for e, s in zip(v["attention_bits_end"], v["attention_bits_start"]))  # attention focuses
+    assert len(v["rho_best_end"]) == v["n_layers"] and all(0 <= r <= 1 for r in v["rho_best_end"])
+    assert v["key_cos_simplex"] == 1 / (v["V"] - 1)
+    assert v["frame_settled_step"] >= 0 and v["precision_settled_step"] >= 0
+
+
+def test_wt_laws_chapter(quick_runs):
+    v = quick_runs("wt_laws")["values"]
+    assert v["r2_max_error"] < 1e-5  # R2 holds exactly for the gradient inside the model
+    assert v["sgd_value_alignment"] > 0  # a plain gradient step moves values along R2 on balance
+    for run in ("baseline", "values_frozen", "routing_frozen", "em_style"):
+        assert v[f"mae_{run}"] > 0

@@ -17,6 +17,7 @@ __all__ = [
     "pc_shares",
     "spearman",
     "random_abs_cosine",
+    "random_frame_abs_cosine",
     "key_orthogonality",
     "attention_entropy_bits",
 ]
@@ -37,14 +38,14 @@ def calibration_errors(log_probs: Tensor, bayes_bits: Tensor, posterior: Tensor 
     entropies. Returns per-position (P,) mean model entropy, mean |H_model - H_Bayes| and,
     given the posterior (B, P, C), the mean KL(posterior || model) in bits; plus 'mae', the
     mean absolute entropy error over all samples and positions."""
-    check_tensor("log_probs", log_probs, ndim=3)
+    check_tensor("log_probs", log_probs, ndim=3, finite=False)  # log 0 = -inf is legitimate
     H = entropy_bits(log_probs.double())
     err = (H - bayes_bits[None].to(H.dtype)).abs()
     out = {"model_bits": H.mean(0), "abs_error_bits": err.mean(0), "mae": err.mean()}
     if posterior is not None:
         p = posterior.to(torch.float64)
         logp = torch.where(p > 0, p.log(), torch.zeros((), dtype=p.dtype))
-        kl = (p * (logp - log_probs.double())).sum(-1) * LOG2E
+        kl = torch.where(p > 0, p * (logp - log_probs.double()), torch.zeros((), dtype=p.dtype)).sum(-1) * LOG2E
         out["kl_bits"] = kl.mean(0)
     return out
 
@@ -82,13 +83,36 @@ def random_abs_cosine(d: int) -> float:
 
 def key_orthogonality(keys: Tensor, symbols: Tensor, n_symbols: int) -> tuple[float, float]:
     """Mean |cos| between the mean keys of different symbols, and the same for random
-    directions in the key space (the baseline). keys: (n, d); symbols: (n,)."""
+    directions in the key space (the baseline). keys: (n, d); symbols: (n,).
+
+    The symbol means are centred first: a component shared by every key adds the same
+    amount to all of a query's scores and cannot affect attention, so it is not part of
+    the frame the keys form."""
     check_tensor("keys", keys, ndim=2)
     means = torch.stack([keys[symbols == s].mean(0) for s in range(n_symbols) if (symbols == s).any()])
+    means = means - means.mean(0)
     unit = means / means.norm(dim=1, keepdim=True).clamp_min(1e-12)
     cos = unit @ unit.T
     off = ~torch.eye(len(unit), dtype=torch.bool)
-    return float(cos[off].abs().mean()), random_abs_cosine(keys.shape[1])
+    return float(cos[off].abs().mean()), random_frame_abs_cosine(len(unit), keys.shape[1])
+
+
+def _centred_abs_cos(vectors: Tensor) -> Tensor:
+    c = vectors - vectors.mean(-2, keepdim=True)
+    u = c / c.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+    cos = u @ u.transpose(-1, -2)
+    k = vectors.shape[-2]
+    off = ~torch.eye(k, dtype=torch.bool)
+    return cos[..., off].abs().mean(-1)
+
+
+def random_frame_abs_cosine(k: int, d: int, draws: int = 2000) -> float:
+    """The same statistic for k centred random Gaussian vectors in R^d (seeded Monte Carlo):
+    the baseline a learned frame is compared with. The most spread-out centred frame, a
+    regular simplex, has |cos| = 1/(k - 1)."""
+    g = torch.Generator().manual_seed(0)
+    return float(_centred_abs_cos(torch.randn(draws, check_int("k", k, 2, None), check_int("d", d, 1, None),
+                                              generator=g, dtype=torch.float64)).mean())
 
 
 def attention_entropy_bits(weights: Tensor) -> Tensor:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import math
+
 import numpy as np
 import torch
 from torch import Tensor
@@ -21,7 +23,8 @@ from .tasks.bijection import WindTunnel, bayes_entropy_bits, posterior, sample_b
 from .training import History, StepOutput, TorchOptimizer, train
 from .transformer import CausalTransformer, TransformerConfig, parameter_groups
 
-__all__ = ["make_model", "supervised_log_probs", "train_wind_tunnel", "measure", "EvalSet", "eval_set"]
+__all__ = ["make_model", "make_optimizer", "supervised_log_probs", "train_wind_tunnel", "measure", "law_probe",
+           "EvalSet", "eval_set"]
 
 ROLES = ("routing", "values", "other")
 
@@ -55,6 +58,29 @@ def train_wind_tunnel(model: CausalTransformer, task: WindTunnel, n_steps: int, 
             raise ValueError(f"roles must be among {list(ROLES)}, got {role!r}")
     for role, sc in scales.items():
         check_float(f"scales[{role!r}]", sc, 0.0, None, low_open=True)
+    opt = make_optimizer(model, lr=lr, weight_decay=weight_decay, scales=scales, frozen=frozen)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(n_steps, 1))
+    gen = torch.Generator().manual_seed(check_int("seed", seed, 0, None))
+    trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
+
+    def loss_fn(p):
+        tokens, targets = sample_batch(task, batch, gen)
+        opt.zero_grad()
+        logp, _ = supervised_log_probs(model, tokens, task)
+        loss = torch.nn.functional.nll_loss(logp.reshape(-1, task.V), targets.reshape(-1))
+        loss.backward()
+        return StepOutput(loss.detach(), {n: t.grad for n, t in trainable.items() if t.grad is not None},
+                          {"optimizer": opt, "model": model})
+
+    return train(trainable, loss_fn, TorchOptimizer(opt, scheduler=sched), n_steps, callback=callback, every=every,
+                 progress=progress, desc=desc)
+
+
+def make_optimizer(model: CausalTransformer, *, lr: float, weight_decay: float = 0.0,
+                   scales: dict[str, float] | None = None, frozen: tuple[str, ...] = ()) -> torch.optim.AdamW:
+    """AdamW with one parameter group per trainable role, in the order of ROLES; frozen
+    roles stop requiring gradients."""
+    scales = dict(scales or {})
     names = parameter_groups(model)
     named = dict(model.named_parameters())
     groups = []
@@ -64,22 +90,78 @@ def train_wind_tunnel(model: CausalTransformer, task: WindTunnel, n_steps: int, 
                 named[n].requires_grad_(False)
             continue
         if names[role]:
-            groups.append({"params": [named[n] for n in names[role]], "lr": lr * scales.get(role, 1.0)})
-    opt = torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay)
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(n_steps, 1))
-    gen = torch.Generator().manual_seed(check_int("seed", seed, 0, None))
-    trainable = {n: p for n, p in named.items() if p.requires_grad}
+            groups.append({"params": [named[n] for n in names[role]], "lr": lr * scales.get(role, 1.0), "role": role})
+    return torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay)
 
-    def loss_fn(p):
-        tokens, targets = sample_batch(task, batch, gen)
-        opt.zero_grad()
-        logp, _ = supervised_log_probs(model, tokens, task)
-        loss = torch.nn.functional.nll_loss(logp.reshape(-1, task.V), targets.reshape(-1))
-        loss.backward()
-        return StepOutput(loss.detach(), {n: t.grad for n, t in trainable.items() if t.grad is not None})
 
-    return train(trainable, loss_fn, TorchOptimizer(opt, scheduler=sched), n_steps, callback=callback, every=every,
-                 progress=progress, desc=desc)
+def law_probe(model: CausalTransformer, optimizer: torch.optim.AdamW, task: WindTunnel, tokens: Tensor,
+              targets: Tensor, *, sgd_lr: float | None = None) -> list[dict]:
+    """R1 and R2 inside the real model: one training step (a copy of the model and of the
+    optimizer's state, so training is untouched) on a fixed probe batch, and per layer and
+    head: how often the change of attention follows -sign(advantage) (plain and weighted by
+    alpha |advantage|), the cosine between the change of the values and R2's direction
+    -sum_i alpha_ij u_i, and the relative per-step change of attention, values, and of the
+    routing and value weights. ``sgd_lr``: take a plain gradient step of that size instead
+    of the optimizer's (AdamW) step, to see the gradient's own direction. Also reports
+    'r2_error', the largest relative gap between autograd's dL/dv and R2's sum_i alpha_ij u_i."""
+    import copy
+
+    from .laws import compatibility
+    from .specialization import advantage_sign_agreement
+
+    twin = copy.deepcopy(model)
+    twin.train()
+    if sgd_lr is None:
+        twin_params = dict(twin.named_parameters())
+        opt = torch.optim.AdamW([{k: v for k, v in g.items() if k != "params"} | {"params": [twin_params[n]
+                                 for n in _group_names(model, g)]} for g in optimizer.param_groups])
+        opt.load_state_dict(optimizer.state_dict())
+    else:
+        opt = torch.optim.SGD([p for p in twin.parameters() if p.requires_grad],
+                              lr=check_float("sgd_lr", sgd_lr, 0.0, None, low_open=True))
+    opt.zero_grad()
+    logp, traces = supervised_log_probs(twin, tokens, task, inspect=True)
+    for tr in traces:
+        tr.attention.output.retain_grad()
+        tr.v.retain_grad()
+    loss = torch.nn.functional.nll_loss(logp.reshape(-1, task.V), targets.reshape(-1))
+    loss.backward()
+    before = {n: p.detach().clone() for n, p in twin.named_parameters()}
+    pre = [(tr.attention.weights.detach(), tr.v.detach(), tr.attention.output.grad.detach()) for tr in traces]
+    r2_errors = [float(((tr.attention.weights.detach().transpose(-1, -2) @ tr.attention.output.grad) - tr.v.grad).abs().max()
+                       / tr.v.grad.abs().max().clamp_min(1e-30)) for tr in traces]
+    opt.step()
+    with torch.no_grad():
+        _, after = supervised_log_probs(twin, tokens, task, inspect=True)
+    groups = parameter_groups(twin)
+    out = []
+    for layer, ((alpha, v, u), tr) in enumerate(zip(pre, after)):
+        b = compatibility(u, v)
+        d_alpha = tr.attention.weights - alpha
+        d_v = tr.v - v
+        r2 = -(alpha.transpose(-1, -2) @ u)
+        prefix = f"blocks.{layer}."
+
+        def rel(role):
+            num = sum(float((dict(twin.named_parameters())[n].detach() - before[n]).norm() ** 2)
+                      for n in groups[role] if n.startswith(prefix))
+            den = sum(float(before[n].norm() ** 2) for n in groups[role] if n.startswith(prefix))
+            return math.sqrt(num / den) if den > 0 else float("nan")
+
+        for h in range(alpha.shape[1]):
+            rate, wrate, _ = advantage_sign_agreement(alpha[:, h], b[:, h], d_alpha[:, h])
+            cos = torch.nn.functional.cosine_similarity(d_v[:, h].reshape(1, -1), r2[:, h].reshape(1, -1)).item()
+            out.append({"layer": layer, "head": h, "sign_agreement": rate, "weighted_agreement": wrate,
+                        "value_alignment": cos, "r2_error": r2_errors[layer],
+                        "attention_change": float(d_alpha[:, h].norm() / alpha[:, h].norm()),
+                        "value_change": float(d_v[:, h].norm() / v[:, h].norm()),
+                        "routing_weight_change": rel("routing"), "value_weight_change": rel("values")})
+    return out
+
+
+def _group_names(model: CausalTransformer, group: dict) -> list[str]:
+    ids = {id(p): n for n, p in model.named_parameters()}
+    return [ids[id(p)] for p in group["params"]]
 
 
 @dataclass(frozen=True)
