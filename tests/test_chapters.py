@@ -62,8 +62,11 @@ def test_every_number_glued_into_the_text_is_recorded(root, quick_runs):
         nb = nbformat.read(root / "notebooks" / f"{name}.ipynb", as_version=4)
         prose = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
         keys = set(re.findall(r"\{glue:text\}`([A-Za-z_][A-Za-z0-9_]*)", prose))
-        missing = keys - set(quick_runs(name)["values"])
+        values = quick_runs(name)["values"]
+        missing = keys - set(values)
         assert not missing, f"{name}: glued but never recorded: {sorted(missing)}"
+        not_scalar = sorted(k for k in keys if not isinstance(values[k], (int, float, str)))
+        assert not not_scalar, f"{name}: glued values must be numbers or strings: {not_scalar}"
 
 
 def test_sticky_chain_chapter(quick_runs):
@@ -91,7 +94,7 @@ def test_sticky_chain_deep_chapter(quick_runs):
 def test_wt_calibration_chapter(quick_runs):
     v = quick_runs("wt_calibration")["values"]
     assert v["mae_bits"] < v["mae_start_bits"]  # training moves the entropies toward the posterior
-    assert v["values_calibrated_step"] is not None  # the counting positions calibrate within a short run
+    assert isinstance(v["values_calibrated_step"], int)  # the counting positions calibrate within a short run
     assert v["big_mae_bits"] > 0 and v["kl_mean_bits"] >= 0
 
 
