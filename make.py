@@ -6,7 +6,8 @@
         notebook through the runner and write the static HTML book to book/_build/html
 
     python3 make.py test [pytest arguments]
-        create .venv if missing, install the pinned dependencies, run the whole test suite
+        create .venv if missing, install the pinned dependencies (and, as root, Debian's
+        chromium and chromium-driver for the browser test), run the whole test suite
 
 The environment is reinstalled only when requirements.txt or pyproject.toml changes.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -50,6 +52,22 @@ def ensure_environment() -> Path:
     return venv_python()
 
 
+BROWSER = ("/usr/bin/chromium", "/usr/bin/chromedriver")
+
+
+def ensure_browser() -> None:
+    """The browser test drives Debian's headless Chromium; install it once if missing."""
+    if all(Path(p).exists() for p in BROWSER):
+        return
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        print("note: Chromium is missing and cannot be installed here (needs root and apt-get); "
+              "the browser test will fail. Install the Debian packages chromium and chromium-driver.", flush=True)
+        return
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    run(["apt-get", "update", "-qq"], env=env)
+    run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", "chromium", "chromium-driver"], env=env)
+
+
 def main(argv: list[str]) -> None:
     if not argv or argv[0] not in {"book", "test"}:
         sys.exit(__doc__)
@@ -57,6 +75,7 @@ def main(argv: list[str]) -> None:
     py = ensure_environment()
     env = dict(os.environ, PYTHONHASHSEED="0", MPLBACKEND="Agg")
     if command == "test":
+        ensure_browser()
         run([py, "-m", "pytest", *rest], env=env)
     else:
         run([py, "-m", "attention_dynamics.runner", "--book", *rest], env=env)

@@ -29,4 +29,5 @@ def quick_runs(tmp_path_factory, root):
             cache[name] = execute(job).record
         return cache[name]
 
+    run.out_dir = out
     return run

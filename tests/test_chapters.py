@@ -113,3 +113,21 @@ def test_wt_laws_chapter(quick_runs):
     assert v["sgd_value_alignment"] > 0  # a plain gradient step moves values along R2 on balance
     for run in ("baseline", "values_frozen", "routing_frozen", "em_style"):
         assert v[f"mae_{run}"] > 0
+
+
+def test_scorecard_rows_come_from_the_records(root, quick_runs):
+    from attention_dynamics.runner import load_profiles
+    from attention_dynamics.scorecard import CLAIMS, FAILS, HOLDS, PARTLY, UNMEASURED, consistent, evaluate, render
+
+    chapters = load_profiles(root)
+    assert {c.chapter for c in CLAIMS if c.chapter} <= set(chapters)
+    records = {name: quick_runs(name) for name in chapters}
+    rows = evaluate(records)
+    assert len(rows) == len(CLAIMS) and all(r["verdict"] in (HOLDS, PARTLY, FAILS, UNMEASURED) for r in rows)
+    assert {r["result"] for r in rows} == {f"R{i}" for i in range(1, 10)}
+    exact = [r for r in rows if "an exact identity" in r["paper"]]
+    assert exact and all(r["verdict"] == HOLDS for r in exact)
+    assert evaluate({})[0]["verdict"] == UNMEASURED  # a chapter that did not run is not judged
+    page = render(rows, {"x": "quick"})
+    assert page.count("\n| R") == len(CLAIMS) and "{doc}`chapters/routing_law`" in page
+    assert consistent(2.031, 0.021)(2.05, 0.01) == HOLDS and consistent(2.031, 0.021)(2.2, 0.01) == FAILS

@@ -125,3 +125,31 @@ def test_notebooks_are_stored_without_outputs(root):
             if cell.cell_type == "code":
                 assert cell.outputs == [] and cell.execution_count is None, f"{path.name} has stored outputs"
         assert sum("parameters" in c.metadata.get("tags", []) for c in nb.cells) == 1, path.name
+
+
+def test_grid_runs_on_process_pool_and_dask(tmp_path):
+    """A parameter grid through the runner on standard concurrent.futures executors:
+    a local process pool, and a local Dask cluster's executor, with no code change."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    from distributed import Client, LocalCluster
+
+    from attention_dynamics.runner import make_grid_jobs
+
+    root = make_root(tmp_path)
+    jobs = make_grid_jobs(root, "tiny", {"x": [1, 2, 3]}, out_dir=tmp_path / "pool")
+    assert [j.stem for j in jobs] == ["tiny--x-1", "tiny--x-2", "tiny--x-3"]
+    with ProcessPoolExecutor(max_workers=2) as pool:
+        results = run_jobs(jobs, pool, progress=False)
+    assert [r.record["values"]["double"] for r in results] == [2, 4, 6]
+    assert sorted(p.name for p in (tmp_path / "pool").iterdir()) == sorted(
+        f"tiny--x-{i}.{ext}" for i in (1, 2, 3) for ext in ("ipynb", "json"))
+
+    jobs = make_grid_jobs(root, "tiny", {"x": [4, 5], "fail": [False]}, out_dir=tmp_path / "dask")
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        results = run_jobs(jobs, client.get_executor(), progress=False)
+    assert [r.record["values"]["double"] for r in results] == [8, 10]
+    assert all(r.record["provenance"]["parameters"]["x"] in (4, 5) for r in results)
+    with pytest.raises(ValueError, match="grid must map parameter names to non-empty lists"):
+        make_grid_jobs(root, "tiny", {"x": []})

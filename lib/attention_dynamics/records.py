@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Record", "to_jsonable", "write_json_atomic", "read_record"]
+__all__ = ["Record", "to_jsonable", "write_json_atomic", "write_text_atomic", "read_record"]
 
 
 def to_jsonable(value: Any) -> Any:
@@ -37,19 +37,22 @@ def to_jsonable(value: Any) -> Any:
     raise TypeError(f"cannot record a value of type {type(value).__name__}")
 
 
-def write_json_atomic(path: str | os.PathLike, data: Any) -> None:
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     """Write to a temporary file beside ``path`` and rename, so no reader sees half a file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, sort_keys=True, allow_nan=False)
-            f.write("\n")
+            f.write(text)
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)
         raise
+
+
+def write_json_atomic(path: str | os.PathLike, data: Any) -> None:
+    write_text_atomic(path, json.dumps(data, indent=1, sort_keys=True, allow_nan=False) + "\n")
 
 
 def read_record(path: str | os.PathLike) -> dict:

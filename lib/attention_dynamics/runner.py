@@ -31,7 +31,8 @@ import yaml
 from . import __version__
 from .records import read_record, write_json_atomic
 
-__all__ = ["Job", "JobResult", "NotebookFailed", "load_profiles", "make_jobs", "execute", "run_jobs", "build_book", "main"]
+__all__ = ["Job", "JobResult", "NotebookFailed", "load_profiles", "make_jobs", "make_grid_jobs", "execute", "run_jobs",
+           "build_book", "provenance_markdown", "launch_links", "main"]
 
 PROFILES = ("quick", "paper")
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -62,14 +63,19 @@ class Job:
     parameters: dict
     root: str
     force: bool = False
+    tag: str = ""  # distinguishes the points of a parameter grid
+
+    @property
+    def stem(self) -> str:
+        return f"{self.name}--{self.tag}" if self.tag else self.name
 
     @property
     def output(self) -> Path:
-        return Path(self.out_dir) / f"{self.name}.ipynb"
+        return Path(self.out_dir) / f"{self.stem}.ipynb"
 
     @property
     def record(self) -> Path:
-        return Path(self.out_dir) / f"{self.name}.json"
+        return Path(self.out_dir) / f"{self.stem}.json"
 
 
 @dataclass
@@ -136,6 +142,28 @@ def _check_parameters(name: str, notebook: Path, params: dict) -> None:
         raise ValueError(f"{reserved} are set by the runner, not by profiles or --set")
 
 
+def make_grid_jobs(root: Path, name: str, grid: dict[str, list], *, profile: str = "quick",
+                   out_dir: Path | None = None, force: bool = False) -> list[Job]:
+    """One job per point of a parameter grid (the product of the lists in ``grid``) over
+    one chapter's profile, each with its own output files NAME--k1-v1_k2-v2.ipynb/.json.
+    Run them with :func:`run_jobs` on any concurrent.futures executor."""
+    import itertools
+
+    if not grid or not all(isinstance(v, (list, tuple)) and v for v in grid.values()):
+        raise ValueError("grid must map parameter names to non-empty lists of values")
+    keys = list(grid)
+    jobs = []
+    for values in itertools.product(*(grid[k] for k in keys)):
+        point = dict(zip(keys, values))
+        (base,) = make_jobs(root, profile, only=[name], overrides=point, out_dir=out_dir, force=force)
+        tag = "_".join(f"{k}-{json.dumps(v, separators=(',', ':'))}" for k, v in point.items())
+        tag = "".join(c if c.isalnum() or c in "-_.," else "" for c in tag)
+        jobs.append(Job(**{**base.__dict__, "tag": tag}))
+    if len({j.tag for j in jobs}) != len(jobs):
+        raise ValueError("two grid points map to the same output name; use simpler values")
+    return jobs
+
+
 def _library_digest() -> str:
     h = hashlib.sha256()
     for p in sorted(PACKAGE_DIR.rglob("*.py")):
@@ -166,7 +194,7 @@ def provenance(job: Job, key: str, seconds: float) -> dict:
     commit = _git(job.root, "rev-parse", "HEAD") or "unknown"
     dirty = bool(_git(job.root, "status", "--porcelain", "--untracked-files=no"))
     rel = os.path.relpath(job.notebook, job.root)
-    sets = " ".join(f"--set {k}={json.dumps(v, separators=(',', ':'))}" for k, v in job.parameters.items())
+    sets = " ".join(f"--set '{k}={json.dumps(v, separators=(',', ':'))}'" for k, v in job.parameters.items())
     pm = f"-y '{json.dumps(job.parameters, separators=(',', ':'), sort_keys=True)}'"
     return {
         "chapter": job.name,
@@ -183,8 +211,80 @@ def provenance(job: Job, key: str, seconds: float) -> dict:
         "cache_key": key,
         "runner_command": f"python -m attention_dynamics.runner --profile {job.profile} --only {job.name}",
         "papermill_command": f"papermill {rel} {job.name}.ipynb {pm}".strip(),
-        "runner_command_explicit": f"python -m attention_dynamics.runner --only {job.name} {sets}".strip(),
+        "runner_command_explicit": f"python -m attention_dynamics.runner --profile {job.profile} --only {job.name} {sets}".strip(),
     }
+
+
+def repository(root: Path) -> dict:
+    """The repository address and branch, set once in book/_config.yml."""
+    cfg_path = root / "book" / "_config.yml"
+    if not cfg_path.is_file():
+        return {}
+    with open(cfg_path) as f:
+        return (yaml.safe_load(f) or {}).get("repository", {}) or {}
+
+
+def launch_links(repo: dict, name: str) -> dict[str, str]:
+    """Binder and Colab addresses of notebooks/NAME.ipynb, for a GitHub repository."""
+    url = str(repo.get("url", "")).rstrip("/")
+    if not url.startswith("https://github.com/"):
+        return {}
+    slug, branch = url.removeprefix("https://github.com/"), repo.get("branch", "main")
+    return {
+        "Binder": f"https://mybinder.org/v2/gh/{slug}/{branch}?labpath=notebooks%2F{name}.ipynb",
+        "Colab": f"https://colab.research.google.com/github/{slug}/blob/{branch}/notebooks/{name}.ipynb",
+    }
+
+
+def provenance_markdown(prov: dict, repo: dict) -> str:
+    """The footer every chapter of the book ends with."""
+    params = json.dumps(prov["parameters"], sort_keys=True)
+    commit = prov["git_commit"][:12] + (" (with uncommitted changes)" if prov["git_dirty"] else "")
+    links = launch_links(repo, prov["chapter"])
+    lines = [
+        "## Provenance",
+        "",
+        "Every number and figure on this page was computed by the notebook "
+        f"`notebooks/{prov['chapter']}.ipynb` with these settings:",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| profile | `{prov['profile']}` |",
+        f"| parameters | `{params}` |",
+        f"| library | `attention_dynamics` {prov['library_version']}, git commit `{commit}` |",
+        f"| software | Python {prov['python']}, PyTorch {prov['torch']} |",
+        f"| executed | {prov['executed_at']} in {prov['seconds']:.0f} s on {prov['machine']} |",
+        "",
+        "To reproduce it exactly, from the repository root:",
+        "",
+        "```bash",
+        f".venv/bin/{prov['runner_command_explicit']} --out my-runs",
+        "```",
+        "",
+        "or with papermill directly:",
+        "",
+        "```bash",
+        f".venv/bin/{prov['papermill_command']}",
+        "```",
+    ]
+    if links:
+        lines += ["", "Run it in the cloud: " + " · ".join(f"[{k}]({v})" for k, v in links.items())
+                  + " (see *Rerun a chapter* for the set-up each needs)."]
+    return "\n".join(lines)
+
+
+def _append_provenance(notebook: Path, prov: dict, repo: dict) -> None:
+    import nbformat
+
+    nb = nbformat.read(notebook, as_version=4)
+    for c in nb.cells:  # the runner's own bookkeeping is not part of the chapter
+        if "injected-parameters" in c.metadata.get("tags", []):
+            kept = [l for l in c.source.splitlines() if not l.startswith("record_path =") and l != "# Parameters"]
+            c.source = "\n".join(["# Parameters of this run (set by the runner; see Provenance at the end)"] + kept)
+    cell = nbformat.v4.new_markdown_cell(provenance_markdown(prov, repo))
+    cell.metadata["tags"] = ["provenance"]
+    nb.cells.append(cell)
+    nbformat.write(nb, notebook)
 
 
 def execute(job: Job, progress_bar: bool = False) -> JobResult:
@@ -196,13 +296,13 @@ def execute(job: Job, progress_bar: bool = False) -> JobResult:
         try:
             old = read_record(job.record)
             if old.get("provenance", {}).get("cache_key") == key:
-                return JobResult(job.name, "cached", 0.0, old)
+                return JobResult(job.stem, "cached", 0.0, old)
         except (OSError, json.JSONDecodeError):
             pass
     Path(job.out_dir).mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=f"{job.name}-") as tmp:
-        tmp_nb = Path(tmp) / f"{job.name}.ipynb"
-        tmp_rec = Path(tmp) / f"{job.name}.json"
+    with tempfile.TemporaryDirectory(prefix=f"{job.stem}-") as tmp:
+        tmp_nb = Path(tmp) / f"{job.stem}.ipynb"
+        tmp_rec = Path(tmp) / f"{job.stem}.json"
         params = dict(job.parameters, record_path=str(tmp_rec), profile=job.profile)
         start = time.perf_counter()
         try:
@@ -220,11 +320,12 @@ def execute(job: Job, progress_bar: bool = False) -> JobResult:
             raise NotebookFailed(job.name, None, "MissingRecord", "the notebook ran but saved no record (call rec.save())")
         record = read_record(tmp_rec)
         record["provenance"] = provenance(job, key, seconds)
+        _append_provenance(tmp_nb, record["provenance"], repository(Path(job.root)))
         # The notebook first, then the record that vouches for it: a crash in between
         # leaves a stale key, which only means the next run executes again.
         os.replace(tmp_nb, job.output) if _same_fs(tmp_nb, job.output) else shutil.move(tmp_nb, job.output)
         write_json_atomic(job.record, record)
-    return JobResult(job.name, "ran", seconds, record)
+    return JobResult(job.stem, "ran", seconds, record)
 
 
 def _same_fs(a: Path, b: Path) -> bool:
@@ -248,18 +349,18 @@ def run_jobs(jobs: list[Job], executor: Executor | None = None, *, progress: boo
     if executor is None:
         for i, job in enumerate(jobs, 1):
             if progress:
-                print(f"[{i}/{total}] {job.name} ({job.profile}) ...", flush=True)
+                print(f"[{i}/{total}] {job.stem} ({job.profile}) ...", flush=True)
             r = execute(job, progress_bar=progress and sys.stderr.isatty())
             results.append(r)
             if progress:
-                print(f"[{i}/{total}] {job.name}: {r.status}" + (f" in {r.seconds:.1f} s" if r.status == "ran" else ""), flush=True)
+                print(f"[{i}/{total}] {job.stem}: {r.status}" + (f" in {r.seconds:.1f} s" if r.status == "ran" else ""), flush=True)
         return results
     futures = [executor.submit(execute, job) for job in jobs]
     for i, (job, fut) in enumerate(zip(jobs, futures), 1):
         r = fut.result()
         results.append(r)
         if progress:
-            print(f"[{i}/{total}] {job.name}: {r.status}" + (f" in {r.seconds:.1f} s" if r.status == "ran" else ""), flush=True)
+            print(f"[{i}/{total}] {job.stem}: {r.status}" + (f" in {r.seconds:.1f} s" if r.status == "ran" else ""), flush=True)
     return results
 
 
@@ -274,13 +375,18 @@ def timing_table(results: list[JobResult]) -> str:
     return "\n".join(lines)
 
 
-def build_book(root: Path) -> Path:
-    """jupyter-book build (warnings are errors), then refuse pages that show an error."""
-    book = root / "book"
+def build_book(book: Path) -> Path:
+    """Write the claims scorecard from the chapters' records, run jupyter-book build
+    (warnings are errors), then refuse pages that show an error. ``book``: the folder with
+    _config.yml, _toc.yml, the pages and chapters/ (the executed notebooks)."""
+    from .scorecard import write_scorecard
+
+    book = Path(book)
+    write_scorecard(book / "chapters", book / "scorecard.md")
     exe = Path(sys.executable).parent / "jupyter-book"
     cmd = [str(exe), "build", str(book), "--builder", "html", "-W", "-n", "--keep-going", "--quiet"]
     print("+", " ".join(cmd), flush=True)
-    if subprocess.run(cmd, cwd=root).returncode != 0:
+    if subprocess.run(cmd, cwd=book).returncode != 0:
         raise SystemExit("jupyter-book build failed (see the warnings above)")
     html = book / "_build" / "html"
     bad = check_html(html)
@@ -300,6 +406,20 @@ def check_html(html_dir: Path) -> list[str]:
             if marker in text:
                 bad.append(f"{page.relative_to(html_dir)}: contains {marker!r}")
     return bad
+
+
+def _run_grid(jobs: list[Job], workers: int, scheduler: str | None) -> list[JobResult]:
+    if scheduler:
+        from distributed import Client
+
+        with Client(scheduler) as client:
+            return run_jobs(jobs, client.get_executor())
+    if workers > 1:
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            return run_jobs(jobs, pool)
+    return run_jobs(jobs)
 
 
 def _parse_set(items: list[str]) -> dict:
@@ -322,20 +442,33 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, help="where executed notebooks and records go (default: book/chapters)")
     ap.add_argument("--force", action="store_true", help="execute even when nothing changed")
     ap.add_argument("--book", action="store_true", help="then build the HTML book")
+    ap.add_argument("--grid", action="append", default=[], metavar="NAME=[V1,V2,...]",
+                    help="run the chapter named by --only at every point of a parameter grid (YAML lists)")
+    ap.add_argument("--workers", type=int, default=0, help="run the grid on a local process pool of this size")
+    ap.add_argument("--scheduler", metavar="ADDRESS", help="run the grid on a Dask cluster (e.g. tcp://host:8786)")
     args = ap.parse_args(argv)
     root = find_root()
-    if args.book and (args.only or args.set or args.out):
-        ap.error("--book builds every chapter into book/chapters; it does not combine with --only, --set or --out")
+    if args.book and (args.only or args.set or args.out or args.grid):
+        ap.error("--book builds every chapter into book/chapters; it does not combine with --only, --set, --grid or --out")
+    if (args.workers or args.scheduler) and not args.grid:
+        ap.error("--workers and --scheduler run a --grid")
     try:
-        jobs = make_jobs(root, args.profile, only=args.only, overrides=_parse_set(args.set),
-                         out_dir=args.out, force=args.force)
-        results = run_jobs(jobs)
+        if args.grid:
+            if not args.only or len(args.only) != 1:
+                raise ValueError("--grid needs exactly one chapter named with --only")
+            grid = _parse_set(args.grid)
+            jobs = make_grid_jobs(root, args.only[0], grid, profile=args.profile, out_dir=args.out, force=args.force)
+            results = _run_grid(jobs, args.workers, args.scheduler)
+        else:
+            jobs = make_jobs(root, args.profile, only=args.only, overrides=_parse_set(args.set),
+                             out_dir=args.out, force=args.force)
+            results = run_jobs(jobs)
     except (NotebookFailed, ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     print(timing_table(results))
     if args.book:
-        html = build_book(root)
+        html = build_book(root / "book")
         print(f"book written to {html / 'index.html'}")
     return 0
 

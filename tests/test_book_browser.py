@@ -1,0 +1,128 @@
+"""The built book in a real browser: the quick book is built, served on localhost and
+every page opened in headless Chromium (Debian's chromium and chromium-driver, which
+`python3 make.py test` installs): no console errors, every image loaded, math rendered by
+the bundled MathJax, no broken internal link, and the search finds a known term."""
+from __future__ import annotations
+
+import functools
+import http.server
+import shutil
+import threading
+import time
+from pathlib import Path
+from urllib.parse import unquote, urljoin, urlparse
+
+import pytest
+
+from attention_dynamics.runner import build_book, load_profiles
+
+CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+
+
+@pytest.fixture(scope="module")
+def built_book(tmp_path_factory, root, quick_runs):
+    for name in load_profiles(root):
+        quick_runs(name)
+    book = tmp_path_factory.mktemp("site") / "book"
+    shutil.copytree(root / "book", book, ignore=shutil.ignore_patterns("_build", "chapters", "scorecard.md"))
+    shutil.copytree(quick_runs.out_dir, book / "chapters")
+    return build_book(book)
+
+
+@pytest.fixture(scope="module")
+def server(built_book):
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    handler = functools.partial(Quiet, directory=str(built_book))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    t = threading.Thread(target=httpd.serve_forever, daemon=True)
+    t.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}/"
+    httpd.shutdown()
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    for exe in (CHROMIUM, CHROMEDRIVER):
+        if not Path(exe).exists():
+            pytest.fail(f"{exe} is missing: `python3 make.py test` installs Debian's chromium and chromium-driver as root")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic",
+                 "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 f"--user-data-dir={tmp_path_factory.mktemp('chrome')}"):
+        opts.add_argument(flag)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
+    driver.set_page_load_timeout(60)
+    yield driver
+    driver.quit()
+
+
+WAIT_FOR_MATHJAX = """
+const done = arguments[arguments.length - 1];
+if (window.MathJax && MathJax.startup && MathJax.startup.promise) {
+  MathJax.startup.promise.then(() => done(true)).catch(() => done(false));
+} else { done(null); }
+"""
+
+
+def test_every_page_loads_cleanly(built_book, server, browser):
+    pages = sorted(p.relative_to(built_book).as_posix() for p in built_book.rglob("*.html")
+                   if not p.relative_to(built_book).as_posix().startswith("_static/"))  # theme template fragments
+    assert "index.html" in pages and "scorecard.html" in pages and "chapters/routing_law.html" in pages
+    problems, checked_links, math_pages = [], 0, 0
+    browser.set_script_timeout(60)
+    for page in pages:
+        url = urljoin(server, page)
+        browser.get(url)
+        mathjax = browser.execute_async_script(WAIT_FOR_MATHJAX)
+        for entry in browser.get_log("browser"):
+            if entry["level"] == "SEVERE":
+                problems.append(f"{page}: console error: {entry['message']}")
+        broken = browser.execute_script(
+            "return [...document.images].filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.src);")
+        problems += [f"{page}: image not loaded: {src}" for src in broken]
+        n_math = browser.execute_script("return document.querySelectorAll('.math').length;")
+        if n_math:
+            math_pages += 1
+            rendered = browser.execute_script("return document.querySelectorAll('mjx-container').length;")
+            errors = browser.execute_script("return document.querySelectorAll('mjx-merror').length;")
+            if mathjax is not True or rendered < n_math or errors:
+                problems.append(f"{page}: math not rendered ({rendered} of {n_math} typeset, {errors} errors, MathJax {mathjax})")
+        for href in browser.execute_script("return [...document.querySelectorAll('a[href]')].map(a => a.href);"):
+            target = urlparse(href)
+            if not href.startswith(server):
+                continue  # external links are not followed: the book must work offline
+            path = built_book / unquote(target.path.removeprefix(urlparse(server).path))
+            if target.path.endswith("/"):
+                path = path / "index.html"
+            checked_links += 1
+            if not path.exists():
+                problems.append(f"{page}: broken internal link {href}")
+    assert not problems, "\n".join(problems)
+    assert checked_links > 50 and math_pages >= 5
+
+
+def test_search_finds_a_known_term(server, browser):
+    browser.get(urljoin(server, "search.html?q=responsibility"))
+    deadline = time.time() + 30
+    hits = []
+    while time.time() < deadline:
+        hits = browser.execute_script(
+            "return [...document.querySelectorAll('#search-results li a')].map(a => a.getAttribute('href'));")
+        if hits:
+            break
+        time.sleep(0.25)
+    assert any("value_law" in h for h in hits), hits
+
+
+def test_mathjax_is_served_locally(built_book):
+    page = (built_book / "chapters" / "routing_law.html").read_text()
+    assert '_static/mathjax/tex-chtml.js' in page and "cdn.jsdelivr" not in page
+    assert (built_book / "_static" / "mathjax" / "tex-chtml.js").is_file()
