@@ -153,3 +153,17 @@ def test_grid_runs_on_process_pool_and_dask(tmp_path):
     assert all(r.record["provenance"]["parameters"]["x"] in (4, 5) for r in results)
     with pytest.raises(ValueError, match="grid must map parameter names to non-empty lists"):
         make_grid_jobs(root, "tiny", {"x": []})
+
+
+def test_notebook_defaults_are_the_paper_profile(root):
+    """Run by hand, a notebook reproduces the book's page: its parameter defaults are the
+    paper profile."""
+    import ast
+
+    import papermill as pm
+
+    for name, prof in load_profiles(root).items():
+        params = pm.inspect_notebook(str(root / "notebooks" / f"{name}.ipynb"))
+        for key, value in prof["paper"].items():
+            default = ast.literal_eval(params[key]["default"])
+            assert default == value, f"{name}.{key}: notebook default {default!r}, paper profile {value!r}"
