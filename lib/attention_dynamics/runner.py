@@ -323,16 +323,11 @@ def execute(job: Job, progress_bar: bool = False) -> JobResult:
         _append_provenance(tmp_nb, record["provenance"], repository(Path(job.root)))
         # The notebook first, then the record that vouches for it: a crash in between
         # leaves a stale key, which only means the next run executes again.
-        os.replace(tmp_nb, job.output) if _same_fs(tmp_nb, job.output) else shutil.move(tmp_nb, job.output)
+        staged = job.output.with_name(f".{job.output.name}.tmp")
+        shutil.copyfile(tmp_nb, staged)  # into the output folder first, so the rename is atomic
+        os.replace(staged, job.output)
         write_json_atomic(job.record, record)
     return JobResult(job.stem, "ran", seconds, record)
-
-
-def _same_fs(a: Path, b: Path) -> bool:
-    try:
-        return os.stat(a).st_dev == os.stat(b.parent).st_dev
-    except OSError:
-        return False
 
 
 def _strip_ansi(s: str) -> str:

@@ -182,6 +182,11 @@ def evaluate(records: dict[str, dict]) -> list[dict]:
 ICON = {HOLDS: "✓ **holds**", PARTLY: "~ **holds partly**", FAILS: "✗ **does not hold**", UNMEASURED: "— not measured"}
 
 
+def _cell(text: str) -> str:
+    """A table cell: a literal | (as in |cos|) would end the cell."""
+    return str(text).replace("|", "\\|")
+
+
 def render(rows: list[dict], profiles: dict[str, str]) -> str:
     counts = {k: sum(r["verdict"] == k for r in rows) for k in (HOLDS, PARTLY, FAILS, UNMEASURED)}
     prof = sorted(set(profiles.values()))
@@ -201,7 +206,9 @@ def render(rows: list[dict], profiles: dict[str, str]) -> str:
     ]
     for r in rows:
         link = f"{{doc}}`chapters/{r['chapter']}`" if r["chapter"] else "—"
-        lines.append(f"| {r['result']} | {r['quantity']} | {r['paper']} | {r['ours']} | {ICON[r['verdict']]} ({r['rule']}) | {link} |")
+        cells = [r["result"], _cell(r["quantity"]), _cell(r["paper"]), _cell(r["ours"]),
+                 f"{ICON[r['verdict']]} ({_cell(r['rule'])})", link]
+        lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "*Ours*: mean over seeds, ± one standard deviation where the chapter runs several seeds."]
     return "\n".join(lines) + "\n"
 
