@@ -73,7 +73,7 @@ def main(argv: list[str]) -> None:
         sys.exit(__doc__)
     command, rest = argv[0], argv[1:]
     py = ensure_environment()
-    env = dict(os.environ, PYTHONHASHSEED="0", MPLBACKEND="Agg")
+    env = dict(os.environ, PYTHONHASHSEED="0")
     if command == "test":
         ensure_browser()
         run([py, "-m", "pytest", *rest], env=env)

@@ -9,6 +9,7 @@ import pytest
 from attention_dynamics.runner import execute, find_root, make_jobs
 
 ROOT = Path(__file__).resolve().parents[1]
+# Figures of the library's own tests (not the notebooks') need no screen.
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 

@@ -107,6 +107,8 @@ def test_every_page_loads_cleanly(built_book, server, browser):
                 problems.append(f"{page}: broken internal link {href}")
     assert not problems, "\n".join(problems)
     assert checked_links > 50 and math_pages >= 5
+    for page in (p for p in pages if p.startswith("chapters/")):
+        assert (built_book / page).read_text().count("<img") >= 1, f"{page} shows no figure"
 
 
 def test_search_finds_a_known_term(server, browser):

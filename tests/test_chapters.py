@@ -1,6 +1,8 @@
 """Every chapter executed at the quick profile, with the claims it records asserted."""
 from __future__ import annotations
 
+import os
+
 
 def test_routing_law_chapter(quick_runs):
     v = quick_runs("routing_law")["values"]
@@ -133,3 +135,20 @@ def test_scorecard_rows_come_from_the_records(root, quick_runs):
     table = [l for l in page.splitlines() if l.startswith("| R")]
     assert all(l.replace("\\|", "").count("|") == 7 for l in table)  # six cells: no stray | splits a row
     assert consistent(2.031, 0.021)(2.05, 0.01) == HOLDS and consistent(2.031, 0.021)(2.2, 0.01) == FAILS
+
+
+def test_every_chapter_has_its_figures(root, quick_runs):
+    """Each plt.show() of a chapter leaves a PNG in the executed notebook, even though the
+    test process sets MPLBACKEND=Agg (the kernel must still draw inline)."""
+    import nbformat
+
+    from attention_dynamics.runner import load_profiles
+
+    assert os.environ.get("MPLBACKEND") == "Agg"
+    for name in load_profiles(root):
+        quick_runs(name)
+        source = nbformat.read(root / "notebooks" / f"{name}.ipynb", as_version=4)
+        shows = sum(c.source.count("plt.show()") for c in source.cells if c.cell_type == "code")
+        done = nbformat.read(quick_runs.out_dir / f"{name}.ipynb", as_version=4)
+        pngs = sum("image/png" in o.get("data", {}) for c in done.cells if c.cell_type == "code" for o in c.outputs)
+        assert shows > 0 and pngs >= shows, f"{name}: {pngs} figures for {shows} plt.show() calls"

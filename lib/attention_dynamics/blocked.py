@@ -86,14 +86,18 @@ def blocked_causal_step(params: dict[str, Tensor], x: Tensor, y: Tensor, *, bloc
         dQt, dKt = torch.zeros_like(Kt), torch.zeros_like(Kt)
         Mt = torch.zeros(R, C + int(value_info), T, dtype=x.dtype)  # (alpha^T dz)^T, and N_j as a last row
     future = torch.ones(block, block, dtype=torch.bool).triu(1)
+    # Two block-sized work buffers reused for every block: allocating fresh multi-megabyte
+    # tensors per block costs the kernel page faults (system time) on every step.
+    work = torch.empty(2, R * min(block, T) * T, dtype=x.dtype)
     for a in range(0, T, block):
         b = min(a + block, T)
         n = b - a
         q = Qs[:, a:b]
-        s = torch.bmm(q, Kt[:, :, :b])  # (R, n, b) scores
-        s[:, :, a:b].masked_fill_(future[:n, :n], float("-inf"))
-        alpha = torch.softmax(s, -1)
-        del s
+        alpha = torch.bmm(q, Kt[:, :, :b], out=work[0, : R * n * b].view(R, n, b))  # scores, (R, n, b)
+        alpha[:, :, a:b].masked_fill_(future[:n, :n], float("-inf"))
+        # softmax in place: the scores become the attention weights
+        alpha.sub_(alpha.amax(-1, keepdim=True)).exp_()
+        alpha.div_(alpha.sum(-1, keepdim=True))
         z = torch.bmm(Zvt[:, :, :b], alpha.transpose(1, 2)).transpose(1, 2)  # logits (R, n, C)
         logp = torch.log_softmax(z, -1)
         yb = y[:, a:b]
@@ -110,7 +114,7 @@ def blocked_causal_step(params: dict[str, Tensor], x: Tensor, y: Tensor, *, bloc
         dz.scatter_add_(-1, yb[..., None], torch.full((R, n, 1), -1.0, dtype=x.dtype)).div_(T)  # (p - e_y) / T
         mean = (dz * z).sum(-1, keepdim=True)  # E_alpha[b]_i = u_i . g_i = dz_i . z_i
         # advantage b_ij - E_alpha[b]_i, with b_ij = u_i . v_j = dz_i . Zv_j (R1)
-        adv = torch.bmm(torch.cat([dz, -mean], -1), Zvt1[:, :, :b])
+        adv = torch.bmm(torch.cat([dz, -mean], -1), Zvt1[:, :, :b], out=work[1, : R * n * b].view(R, n, b))
         ds = adv.mul_(alpha)  # dL/ds = alpha (b - E_alpha[b]); hidden keys have alpha = 0
         dQt[:, :, a:b] = torch.bmm(Kts[:, :, :b], ds.transpose(1, 2))  # R3, queries
         dKt[:, :, :b] += torch.bmm(q.transpose(1, 2), ds)  # R3, keys (q already carries the scale)

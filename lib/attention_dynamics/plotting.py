@@ -9,6 +9,10 @@ __all__ = ["use_style", "matrix_panels", "band"]
 
 
 def use_style() -> None:
+    """The book's look. Inside a Jupyter kernel it also selects the inline backend, so the
+    figures land in the notebook even when MPLBACKEND (say, Agg) is set in the environment
+    the kernel inherited."""
+    _inline_in_kernel()
     sns.set_theme(context="notebook", style="whitegrid", palette="colorblind")
     plt.rcParams.update({"figure.dpi": 110, "savefig.dpi": 110, "figure.figsize": (7.0, 4.0),
                          "axes.titlesize": 11, "axes.labelsize": 10, "legend.fontsize": 9})
@@ -42,3 +46,13 @@ def band(ax, x, mean, spread, label=None, **kw):
     (line,) = ax.plot(x, mean, label=label, **kw)
     ax.fill_between(x, mean - spread, mean + spread, color=line.get_color(), alpha=0.2, linewidth=0)
     return line
+
+
+def _inline_in_kernel() -> None:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    ip = get_ipython()
+    if ip is not None and getattr(ip, "kernel", None) is not None:
+        ip.run_line_magic("matplotlib", "inline")

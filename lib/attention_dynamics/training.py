@@ -217,7 +217,7 @@ def train(params: dict[str, Tensor], loss_fn: Callable[[dict[str, Tensor]], Step
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=n_steps, desc=desc, leave=False)
+        bar = tqdm(total=n_steps, desc=desc, leave=False, mininterval=2.0)
     try:
         for step in range(n_steps + 1):
             out = loss_fn(params)
