@@ -3,7 +3,6 @@ and the fast path (batched, blocked, closed-form) against the naive one and auto
 from __future__ import annotations
 
 import itertools
-import math
 
 import numpy as np
 import pytest

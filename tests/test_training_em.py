@@ -1,7 +1,6 @@
 """The training loop, its update rules, the EM pieces and the specialization measures."""
 from __future__ import annotations
 
-import math
 
 import numpy as np
 import pytest
@@ -9,8 +8,8 @@ import torch
 
 from attention_dynamics.em import (em_step, gmm_log_likelihood, gmm_responsibilities, head_e_step, head_value_step,
                                    sample_gmm, squared_error_value_gradient)
-from attention_dynamics.head import HeadParams, init_head
-from attention_dynamics.laws import head_forward, loss_and_gradients
+from attention_dynamics.head import HeadParams
+from attention_dynamics.laws import loss_and_gradients
 from attention_dynamics.specialization import (advantage_sign_agreement, cluster_usage, specialization_index,
                                                value_cluster_shares)
 from attention_dynamics.tasks.clusters import cluster_loss_fn, init_cluster_head, make_cluster_task
@@ -88,7 +87,7 @@ def test_closed_form_training_matches_autograd_sgd():
     task = make_cluster_task(3, 5, 4, seed=1)
     p = init_cluster_head(task, 3, 3, std=0.5, seed=2)
     ref = {n: t.clone().requires_grad_(True) for n, t in p.items()}
-    h = train(p, cluster_loss_fn(task), SGD(0.5), 20)
+    train(p, cluster_loss_fn(task), SGD(0.5), 20)
     opt = torch.optim.SGD(ref.values(), lr=0.5)
     for _ in range(20):
         opt.zero_grad()

@@ -15,7 +15,6 @@ SGD with a faster rate on the values, see :func:`em_style`), :class:`PrototypeMS
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Protocol
 
