@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from attention_dynamics.geometry import (attention_entropy_bits, calibration_errors, entropy_bits, key_orthogonality,
-                                         pc_shares, random_abs_cosine, random_frame_abs_cosine, spearman)
+                                         pc_shares, random_frame_abs_cosine, spearman)
 from attention_dynamics.tasks.bijection import (WindTunnel, bayes_entropy_bits, posterior, sample_batch,
                                                 supervised_positions)
 from attention_dynamics.transformer import CausalTransformer, TransformerConfig, parameter_groups
@@ -89,7 +89,6 @@ def test_geometry_metrics_on_constructed_cases():
     sym = torch.arange(5).repeat(3)
     cos, base = key_orthogonality(keys, sym, 5)
     assert cos == pytest.approx(0.25, abs=1e-12) and base > cos
-    assert random_abs_cosine(2) == pytest.approx(2 / math.pi, abs=1e-12)
     assert random_frame_abs_cosine(5, 64) > 0.25
     w = torch.tensor([[1.0, 0, 0, 0], [0.25, 0.25, 0.25, 0.25]])
     assert attention_entropy_bits(w).tolist() == pytest.approx([0.0, 2.0])

@@ -16,7 +16,6 @@ __all__ = [
     "calibration_errors",
     "pc_shares",
     "spearman",
-    "random_abs_cosine",
     "random_frame_abs_cosine",
     "key_orthogonality",
     "attention_entropy_bits",
@@ -73,14 +72,6 @@ def spearman(a, b) -> float:
     return float(r)
 
 
-def random_abs_cosine(d: int) -> float:
-    """E|cos| between two independent uniformly random directions in R^d."""
-    d = check_int("d", d, 1, None)
-    if d == 1:
-        return 1.0
-    return math.exp(math.lgamma(d / 2) - math.lgamma((d + 1) / 2)) / math.sqrt(math.pi)
-
-
 def key_orthogonality(keys: Tensor, symbols: Tensor, n_symbols: int) -> tuple[float, float]:
     """Mean |cos| between the mean keys of different symbols, and the same for random
     directions in the key space (the baseline). keys: (n, d); symbols: (n,).
@@ -117,5 +108,6 @@ def random_frame_abs_cosine(k: int, d: int, draws: int = 2000) -> float:
 
 def attention_entropy_bits(weights: Tensor) -> Tensor:
     """Entropy of each attention row in bits: (..., T)."""
-    logw = torch.where(weights > 0, weights.log(), torch.zeros((), dtype=weights.dtype))
-    return -(weights * logw).sum(-1) * LOG2E
+    from .laws import attention_entropy
+
+    return attention_entropy(weights) * LOG2E

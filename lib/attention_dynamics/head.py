@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .checks import check_bool, check_float, check_same_dtype_device, check_tensor
+from .checks import check_bool, check_float, check_int, check_same_dtype_device, check_tensor
 
 __all__ = ["Attention", "allowed_keys", "attend", "HeadParams", "init_head", "project", "merge_heads"]
 
@@ -133,8 +133,6 @@ def init_head(d_x: int, d_k: int, d_v: int, n_classes: int, *, heads: int = 1, s
               d_m: int | None = None, generator: torch.Generator | None = None, dtype=torch.float64) -> HeadParams:
     """All four matrices drawn N(0, std^2), in the order W_Q, W_K, W_V, W_O. ``d_m``: width
     of a separate key/value memory (default: self-attention, d_m = d_x)."""
-    from .checks import check_int
-
     d_m = d_x if d_m is None else d_m
     for name, val in (("d_x", d_x), ("d_k", d_k), ("d_v", d_v), ("n_classes", n_classes), ("heads", heads), ("d_m", d_m)):
         check_int(name, val, 1, None)

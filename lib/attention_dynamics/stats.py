@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["loglog_slope", "mean_std", "sem"]
+__all__ = ["loglog_slope", "mean_std"]
 
 
 def loglog_slope(x, y) -> tuple[float, float, float]:
@@ -29,9 +29,3 @@ def mean_std(values, axis=0) -> tuple[np.ndarray, np.ndarray]:
     a = np.asarray(values, dtype=float)
     n = a.shape[axis]
     return a.mean(axis), (a.std(axis, ddof=1) if n > 1 else np.zeros_like(a.mean(axis)))
-
-
-def sem(values, axis=0) -> np.ndarray:
-    a = np.asarray(values, dtype=float)
-    n = a.shape[axis]
-    return a.std(axis, ddof=1) / np.sqrt(n) if n > 1 else np.zeros_like(a.mean(axis))

@@ -134,6 +134,7 @@ def law_probe(model: CausalTransformer, optimizer: torch.optim.AdamW, task: Wind
     with torch.no_grad():
         _, after = supervised_log_probs(twin, tokens, task, inspect=True)
     groups = parameter_groups(twin)
+    now = {n: p.detach() for n, p in twin.named_parameters()}
     out = []
     for layer, ((alpha, v, u), tr) in enumerate(zip(pre, after)):
         b = compatibility(u, v)
@@ -141,12 +142,12 @@ def law_probe(model: CausalTransformer, optimizer: torch.optim.AdamW, task: Wind
         d_v = tr.v - v
         r2 = -(alpha.transpose(-1, -2) @ u)
         prefix = f"blocks.{layer}."
-
-        def rel(role):
-            num = sum(float((dict(twin.named_parameters())[n].detach() - before[n]).norm() ** 2)
-                      for n in groups[role] if n.startswith(prefix))
-            den = sum(float(before[n].norm() ** 2) for n in groups[role] if n.startswith(prefix))
-            return math.sqrt(num / den) if den > 0 else float("nan")
+        rel = {}
+        for role in ("routing", "values"):
+            names = [n for n in groups[role] if n.startswith(prefix)]
+            num = sum(float((now[n] - before[n]).norm() ** 2) for n in names)
+            den = sum(float(before[n].norm() ** 2) for n in names)
+            rel[role] = math.sqrt(num / den) if den > 0 else float("nan")
 
         for h in range(alpha.shape[1]):
             rate, wrate, _ = advantage_sign_agreement(alpha[:, h], b[:, h], d_alpha[:, h])
@@ -155,7 +156,7 @@ def law_probe(model: CausalTransformer, optimizer: torch.optim.AdamW, task: Wind
                         "value_alignment": cos, "r2_error": r2_errors[layer],
                         "attention_change": float(d_alpha[:, h].norm() / alpha[:, h].norm()),
                         "value_change": float(d_v[:, h].norm() / v[:, h].norm()),
-                        "routing_weight_change": rel("routing"), "value_weight_change": rel("values")})
+                        "routing_weight_change": rel["routing"], "value_weight_change": rel["values"]})
     return out
 
 
