@@ -152,3 +152,48 @@ def test_every_chapter_has_its_figures(root, quick_runs):
         done = nbformat.read(quick_runs.out_dir / f"{name}.ipynb", as_version=4)
         pngs = sum("image/png" in o.get("data", {}) for c in done.cells if c.cell_type == "code" for o in c.outputs)
         assert shows > 0 and pngs >= shows, f"{name}: {pngs} figures for {shows} plt.show() calls"
+
+
+def test_every_footer_command_runs_as_printed(root, quick_runs, tmp_path, monkeypatch):
+    """Each chapter's provenance footer: the runner command, run as printed from a folder
+    holding that build's outputs in my-runs/, finds the very run it describes (same
+    parameters, same cache key: 'cached'); papermill's own parser reads the same
+    parameters from the papermill command."""
+    import json
+    import shutil
+    import subprocess
+
+    from attention_dynamics.runner import load_profiles
+    from support import footer_commands, papermill_parameters
+
+    for name in load_profiles(root):
+        record = quick_runs(name)
+        run_cmd, pm_cmd = footer_commands(quick_runs.out_dir / f"{name}.ipynb")
+        work = tmp_path / name / "my-runs"
+        work.mkdir(parents=True)
+        for ext in ("ipynb", "json"):
+            shutil.copy(quick_runs.out_dir / f"{name}.{ext}", work)
+        assert run_cmd[0] == ".venv/bin/python" and run_cmd[-2:] == ["--out", "my-runs"]
+        done = subprocess.run([str(root / run_cmd[0]), *run_cmd[1:]], cwd=work.parent, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert f"[1/1] {name}: cached" in done.stdout, done.stdout
+        assert json.loads((work / f"{name}.json").read_text()) == record
+        expected = dict(record["provenance"]["parameters"], profile="quick")
+        assert papermill_parameters(pm_cmd, monkeypatch) == expected, name
+
+
+def test_readme_rerun_examples_run_as_printed(root, tmp_path):
+    import re
+    import shlex
+    import subprocess
+
+    readme = (root / "README.md").read_text()
+    section = readme.split("## Rerun one chapter", 1)[1].split("\n## ", 1)[0]
+    commands = [shlex.split(line) for block in re.findall(r"```bash\n(.*?)```", section, re.S)
+                for line in block.splitlines() if line.startswith(".venv/bin/python")]
+    assert len(commands) >= 2
+    for cmd in commands:
+        done = subprocess.run([str(root / cmd[0]), *cmd[1:]], cwd=tmp_path, capture_output=True, text=True)
+        assert done.returncode == 0, (cmd, done.stderr[-2000:])
+        only = cmd[cmd.index("--only") + 1]
+        assert (tmp_path / "my-runs" / f"{only}.json").is_file()

@@ -7,27 +7,7 @@ import nbformat
 import pytest
 
 from attention_dynamics.runner import NotebookFailed, execute, load_profiles, make_jobs, run_jobs
-
-TINY = [
-    ("code", 'x = 1\nfail = False\nrecord_path = ""\nprofile = "paper"', ["parameters"]),
-    ("code", "from attention_dynamics.records import Record\nrec = Record(record_path)", []),
-    ("code", "if fail:\n    raise ValueError('x is broken')", []),
-    ("code", "rec['double'] = 2 * x\nrec.save()", []),
-]
-
-
-def make_root(tmp_path, cells=TINY, name="tiny"):
-    nb = nbformat.v4.new_notebook()
-    for kind, src, tags in cells:
-        c = nbformat.v4.new_code_cell(src)
-        c.metadata["tags"] = tags
-        nb.cells.append(c)
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    (tmp_path / "notebooks").mkdir()
-    nbformat.write(nb, tmp_path / "notebooks" / f"{name}.ipynb")
-    (tmp_path / "notebooks" / "profiles.yml").write_text(f"{name}:\n  quick: {{x: 3}}\n  paper: {{x: 5}}\n")
-    return tmp_path
-
+from support import make_root
 
 def test_profiles_select_parameters_and_record_provenance(tmp_path):
     root = make_root(tmp_path)
@@ -85,7 +65,7 @@ def test_failed_rerun_keeps_the_last_good_outputs(tmp_path):
 
 def test_bad_parameters_and_names_are_refused(tmp_path):
     root = make_root(tmp_path)
-    with pytest.raises(ValueError, match=r"chapter 'tiny' has no parameter\(s\) \['y'\]; its parameters are \['fail', 'x'\]"):
+    with pytest.raises(ValueError, match=r"chapter 'tiny' has no parameter\(s\) \['y'\]; its parameters are \['fail', 'offset', 'x'\]"):
         make_jobs(root, "quick", overrides={"y": 1})
     with pytest.raises(ValueError, match="set by the runner"):
         make_jobs(root, "quick", overrides={"record_path": "x"})

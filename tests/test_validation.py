@@ -30,7 +30,7 @@ def test_non_finite_inputs_are_named(which):
 
 def test_integer_dtype_rejected():
     q, k, v = qkv()
-    with pytest.raises(TypeError, match="^q must have a floating dtype"):
+    with pytest.raises(TypeError, match="^q must have dtype float32 or float64, got torch.int64"):
         attend(q.long(), k, v)
 
 
@@ -133,3 +133,154 @@ def test_loss_and_gradients_rejects_bad_targets():
     p = init_head(3, 2, 2, 4)
     with pytest.raises(ValueError, match="y must hold class indices"):
         loss_and_gradients(p, torch.zeros(1, 4, 3, dtype=F64), torch.full((1, 4), -1))
+
+
+# --- faults inside computations, edge shapes and the public functions probed one by one ---
+
+def _tiny_head_problem(dtype=F64):
+    g = torch.Generator().manual_seed(0)
+    params = init_head(5, 3, 3, 4, generator=g, dtype=dtype)
+    x = torch.randn(1, 6, 5, generator=g, dtype=dtype)
+    y = torch.randint(0, 4, (1, 6), generator=g)
+    return params, x, y
+
+
+def test_divergence_without_max_loss_stops_with_step_and_cause():
+    from attention_dynamics.training import SGD, StepOutput, TrainingDiverged, train
+
+    params, x, y = _tiny_head_problem()
+
+    def loss_fn(p):
+        loss, grads, *_ = loss_and_gradients(HeadParams(**p), x, y, causal=True)
+        return StepOutput(loss, grads)
+
+    with pytest.raises(TrainingDiverged, match=r"^training diverged at step [1-9]\d*: ") as e:
+        train(params.as_dict(), loss_fn, SGD(1e6), 200)
+    assert e.value.step > 0 and ("overflow" in e.value.cause or "non-finite" in e.value.cause)
+
+
+def test_bad_input_at_step_zero_is_not_called_divergence():
+    from attention_dynamics.checks import NonFiniteError
+    from attention_dynamics.training import SGD, StepOutput, train
+
+    params, x, y = _tiny_head_problem()
+    x = x.clone()
+    x[0, 0, 0] = float("nan")
+
+    def loss_fn(p):
+        loss, grads, *_ = loss_and_gradients(HeadParams(**p), x, y, causal=True)
+        return StepOutput(loss, grads)
+
+    with pytest.raises(NonFiniteError, match="^x contains NaN"):
+        train(params.as_dict(), loss_fn, SGD(0.1), 5)
+
+
+def test_a_loss_function_must_return_a_step_output():
+    from attention_dynamics.training import SGD, train
+
+    with pytest.raises(TypeError, match="loss_fn must return a StepOutput, got NoneType"):
+        train({}, lambda p: None, SGD(0.1), 3)
+
+
+def test_finite_inputs_that_overflow_the_scores_raise_a_named_error():
+    from attention_dynamics.checks import NonFiniteError
+
+    q, k, v = qkv(dtype=torch.float32)
+    with pytest.raises(NonFiniteError, match="attention scores overflow torch.float32"):
+        attend(q * 1e20, k * 1e20, v)
+    attend(q.double() * 1e20, k.double() * 1e20, v.double())  # float64 holds them
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_is_refused_as_the_message_says(dtype):
+    q, k, v = qkv()
+    with pytest.raises(TypeError, match=rf"^q must have dtype float32 or float64, got {dtype}"):
+        attend(q.to(dtype), k.to(dtype), v.to(dtype))
+
+
+@pytest.mark.parametrize("shapes, message", [
+    (((2, 0, 3), (2, 4, 3), (2, 4, 2)), "q has no queries"),
+    (((2, 4, 3), (2, 0, 3), (2, 0, 2)), "k has no keys .* each query needs at least one visible key"),
+    (((0, 4, 3), (0, 4, 3), (0, 4, 2)), "q must have no empty dimension"),
+    (((2, 4, 0), (2, 4, 0), (2, 4, 2)), "q must have no empty dimension"),
+])
+def test_empty_shapes_are_refused_by_name(shapes, message):
+    q, k, v = (torch.zeros(s, dtype=F64) for s in shapes)
+    with pytest.raises(ValueError, match=message):
+        attend(q, k, v)
+
+
+@pytest.mark.parametrize("x_shape, message", [((1, 0, 5), "x must have no empty dimension"),
+                                              ((0, 6, 5), "x must have no empty dimension")])
+def test_empty_batches_and_sequences_in_the_loss(x_shape, message):
+    params, _, _ = _tiny_head_problem()
+    with pytest.raises(ValueError, match=message):
+        loss_and_gradients(params, torch.zeros(x_shape, dtype=F64), torch.zeros(x_shape[:2], dtype=torch.long))
+    with pytest.raises(ValueError, match="y has no positions"):
+        cross_entropy_readout(torch.zeros(1, 0, 3, dtype=F64), torch.zeros(3, 4, dtype=F64),
+                              torch.zeros(1, 0, dtype=torch.long))
+
+
+def test_zero_width_heads_are_refused():
+    with pytest.raises(ValueError, match="d_k must be an integer >= 1, got 0"):
+        init_head(3, 0, 2, 2)
+    with pytest.raises(ValueError, match="W_Q must have no empty dimension"):
+        HeadParams(torch.zeros(1, 3, 0, dtype=F64), torch.zeros(1, 3, 0, dtype=F64), torch.zeros(1, 3, 2, dtype=F64),
+                   torch.zeros(2, 2, dtype=F64))
+
+
+def _probe_cases():
+    from attention_dynamics import blocked, em, geometry, specialization, stats
+    from attention_dynamics.head import merge_heads, project
+    from attention_dynamics.readout import split_heads
+    from attention_dynamics.tasks import bijection as bj
+    from attention_dynamics.tasks import sticky_chain as sc
+    from attention_dynamics.transformer import CausalTransformer, TransformerConfig
+
+    x2, mu = torch.randn(10, 2, dtype=F64), torch.randn(3, 2, dtype=F64)
+    lin = CausalTransformer(TransformerConfig(n_out=3, d_in=4))
+    w1 = sc.init_weights([1])
+    return [
+        (lambda: project(torch.randn(2, 3, dtype=F64), torch.randn(1, 3, 2, dtype=F64)), ValueError, "x must have 3 dimensions"),
+        (lambda: project(torch.randn(2, 4, 3, dtype=F64), torch.randn(1, 2, 2, dtype=F64)), ValueError, "x has width 3 but W reads width 2"),
+        (lambda: merge_heads(torch.randn(2, 3, dtype=F64)), ValueError, "g must have 4 dimensions"),
+        (lambda: split_heads(torch.randn(2, 3, 5, dtype=F64), 2), ValueError, "not a multiple of heads = 2"),
+        (lambda: init_head(3, 2, 2, 2, dtype=torch.int64), TypeError, "dtype must be torch.float32 or torch.float64"),
+        (lambda: em.em_step(x2, mu[:0], 1.0), ValueError, "means must have no empty dimension"),
+        (lambda: em.head_value_step(torch.rand(10, 4, dtype=F64), mu, x2), ValueError, "alpha has 4 columns"),
+        (lambda: em.squared_error_value_gradient(torch.rand(10, 3, dtype=F64), mu, x2[:5]), ValueError, "targets must have shape"),
+        (lambda: specialization.cluster_usage(torch.rand(10, 3, dtype=F64), torch.arange(10) % 3, 2), ValueError, "cluster must hold indices in \\[0, 1\\]"),
+        (lambda: specialization.advantage_sign_agreement(torch.rand(4, 3, dtype=F64), torch.rand(4, 2, dtype=F64),
+                                                         torch.rand(4, 3, dtype=F64)), ValueError, "b_t must have the shape of alpha_t"),
+        (lambda: stats.mean_std([]), ValueError, "mean_std needs at least one value"),
+        (lambda: geometry.pc_shares(torch.randn(1, 3, dtype=F64), 1), ValueError, "at least two rows"),
+        (lambda: geometry.pc_shares(torch.randn(5, 3, dtype=F64), 10), ValueError, "k must be an integer in \\[1, 3\\]"),
+        (lambda: geometry.spearman([1, 2, 3], [1, 2]), ValueError, "spearman needs two 1-D sequences of the same length"),
+        (lambda: geometry.calibration_errors(torch.randn(2, 3, 4, dtype=F64), torch.zeros(2, dtype=F64)), ValueError,
+         "bayes_bits must give one entropy per position"),
+        (lambda: sc.sample_sequences([]), TypeError, "seeds must be a list of at least 1 integers"),
+        (lambda: sc.init_weights([]), TypeError, "seeds must be a list of at least 1 integers"),
+        (lambda: sc.forward_filter(torch.randn(5, 3, dtype=F64), sc.transition_matrix(), sc.symbol_means()), ValueError,
+         "x has width 3 but the symbol means have width 20"),
+        (lambda: sc.forward_filter(torch.randn(0, 20, dtype=F64), sc.transition_matrix(), sc.symbol_means()), ValueError,
+         "x must have no empty dimension"),
+        (lambda: sc.cross_entropy_of(torch.randn(5, 8, dtype=F64), torch.zeros(4, dtype=torch.long)), ValueError, "y must have shape \\(5,\\)"),
+        (lambda: sc.train_naive(0, torch.randn(5, 20), torch.zeros(5, dtype=torch.long), "SGD", -1), ValueError, "n_steps must be an integer >= 0"),
+        (lambda: bj.posterior(torch.zeros(2, 3, dtype=torch.long), bj.WindTunnel(4, 3)), ValueError, "tokens must have 7 columns"),
+        (lambda: bj.sample_batch(bj.WindTunnel(4, 3), 2, None), TypeError, "generator must be a torch.Generator"),
+        (lambda: blocked.blocked_causal_step(w1, torch.randn(1, 5, 20), torch.full((1, 5), 9, dtype=torch.long)), ValueError,
+         "y must hold class indices in \\[0, 7\\]"),
+        (lambda: blocked.blocked_causal_step(w1, torch.randn(1, 0, 20), torch.zeros(1, 0, dtype=torch.long)), ValueError,
+         "x must have no empty dimension"),
+        (lambda: blocked.dense_causal_forward(w1, torch.randn(5, 20)), ValueError, "x must have 3 dimensions"),
+        (lambda: lin(torch.randn(1, 3, 4, dtype=F64)), TypeError, "x has dtype torch.float64 but the model's weights are torch.float32"),
+        (lambda: lin(torch.full((1, 3, 4), float("nan"))), ValueError, "x contains NaN"),
+        (lambda: lin(torch.randn(1, 0, 4)), ValueError, "x must have no empty dimension"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(len(_probe_cases())))
+def test_public_functions_name_what_is_wrong(case):
+    fn, exc, message = _probe_cases()[case]
+    with pytest.raises(exc, match=message):
+        fn()

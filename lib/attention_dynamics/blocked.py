@@ -38,7 +38,7 @@ class BlockedStats:
 
 
 def _check(params: dict[str, Tensor], x: Tensor, y: Tensor) -> None:
-    check_tensor("x", x, ndim=3)
+    check_tensor("x", x, ndim=3, nonempty=True)
     check_tensor("y", y, ndim=2, kind="int")
     for n in ("W_Q", "W_K", "W_V", "W_O"):
         if n not in params:
@@ -51,6 +51,13 @@ def _check(params: dict[str, Tensor], x: Tensor, y: Tensor) -> None:
     for n in ("W_Q", "W_K", "W_V"):
         if params[n].shape[:2] != (R, d_x):
             raise ValueError(f"{n} must have shape ({R}, {d_x}, d), got {tuple(params[n].shape)}")
+    if params["W_K"].shape[2] != params["W_Q"].shape[2]:
+        raise ValueError(f"W_Q and W_K must share d_k, got {params['W_Q'].shape[2]} and {params['W_K'].shape[2]}")
+    if params["W_O"].shape[:2] != (R, params["W_V"].shape[2]):
+        raise ValueError(f"W_O must have shape ({R}, d_v = {params['W_V'].shape[2]}, C), got {tuple(params['W_O'].shape)}")
+    C = params["W_O"].shape[2]
+    if int(y.min()) < 0 or int(y.max()) >= C:
+        raise ValueError(f"y must hold class indices in [0, {C - 1}], got values in [{int(y.min())}, {int(y.max())}]")
 
 
 def blocked_causal_step(params: dict[str, Tensor], x: Tensor, y: Tensor, *, block: int = 64,
@@ -148,6 +155,8 @@ def causal_head_loss_fn(x: Tensor, y: Tensor, *, block: int = 64, value_info: bo
 def dense_causal_forward(params: dict[str, Tensor], x: Tensor) -> tuple[Tensor, Tensor]:
     """Attention weights (R, T, T) and log-probabilities (R, T, C) of the full model, dense:
     for figures of what attention learned, on modest T."""
+    check_tensor("x", x, ndim=3)
+    _check(params, x, torch.zeros(x.shape[:2], dtype=torch.long))
     W_Q, W_K, W_V, W_O = (params[n] for n in ("W_Q", "W_K", "W_V", "W_O"))
     T = x.shape[1]
     s = (x @ W_Q) @ (x @ W_K).transpose(1, 2) / math.sqrt(W_Q.shape[-1])

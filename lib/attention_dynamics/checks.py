@@ -12,6 +12,8 @@ from typing import Iterable, Sequence
 import torch
 
 __all__ = [
+    "NonFiniteError",
+    "FLOAT_DTYPES",
     "check_int",
     "check_float",
     "check_choice",
@@ -20,7 +22,18 @@ __all__ = [
     "check_float_list",
     "check_tensor",
     "check_same_dtype_device",
+    "check_dtype",
 ]
+
+# The closed forms are checked against autograd in these two; half precision overflows the
+# scores of ordinary inputs (exp(s) > 65504 at s > 11) and is refused rather than half-supported.
+FLOAT_DTYPES = (torch.float32, torch.float64)
+
+
+class NonFiniteError(ValueError):
+    """A tensor holds NaN or infinite values where finite ones are needed: bad input at the
+    door, or an overflow inside a computation (the training loop turns the latter into
+    :class:`~attention_dynamics.training.TrainingDiverged`)."""
 
 
 def check_int(name: str, value, low: int | None = None, high: int | None = None) -> int:
@@ -90,12 +103,14 @@ def check_tensor(
     min_ndim: int | None = None,
     kind: str = "float",
     finite: bool = True,
+    nonempty: bool = False,
 ) -> torch.Tensor:
-    """A torch tensor of the given kind ('float', 'bool' or 'int') and rank."""
+    """A torch tensor of the given kind ('float': float32 or float64, 'bool' or 'int') and rank.
+    ``nonempty``: every dimension must have at least one entry."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if kind == "float" and not x.dtype.is_floating_point:
-        raise TypeError(f"{name} must have a floating dtype (float32 or float64), got {x.dtype}")
+    if kind == "float" and x.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must have dtype float32 or float64, got {x.dtype}")
     if kind == "bool" and x.dtype != torch.bool:
         raise TypeError(f"{name} must have dtype torch.bool, got {x.dtype}")
     if kind == "int" and (x.dtype.is_floating_point or x.dtype == torch.bool or x.dtype.is_complex):
@@ -104,9 +119,18 @@ def check_tensor(
         raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(x.shape)}")
     if min_ndim is not None and x.dim() < min_ndim:
         raise ValueError(f"{name} must have at least {min_ndim} dimensions, got shape {tuple(x.shape)}")
+    if nonempty and 0 in x.shape:
+        raise ValueError(f"{name} must have no empty dimension, got shape {tuple(x.shape)}")
     if finite and kind == "float" and not bool(torch.isfinite(x).all()):
-        raise ValueError(f"{name} contains NaN or infinite values")
+        raise NonFiniteError(f"{name} contains NaN or infinite values")
     return x
+
+
+def check_dtype(name: str, dtype) -> torch.dtype:
+    """A floating dtype the library computes in: float32 or float64."""
+    if dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must be torch.float32 or torch.float64, got {dtype!r}")
+    return dtype
 
 
 def check_same_dtype_device(**tensors: torch.Tensor) -> None:

@@ -34,8 +34,8 @@ __all__ = [
 
 
 def _check(x, means, sigma):
-    check_tensor("x", x, ndim=2)
-    check_tensor("means", means, ndim=2)
+    check_tensor("x", x, ndim=2, nonempty=True)
+    check_tensor("means", means, ndim=2, nonempty=True)
     if x.shape[1] != means.shape[1]:
         raise ValueError(f"x has dimension {x.shape[1]} but means have {means.shape[1]}")
     return check_float("sigma", sigma, 0.0, None, low_open=True)
@@ -94,7 +94,13 @@ def head_e_step(x: Tensor, keys: Tensor, sigma: float, *, hard: bool = False) ->
 def squared_error_value_gradient(alpha: Tensor, values: Tensor, targets: Tensor) -> tuple[float, Tensor]:
     """Loss sum_i 1/2 ||g_i - t_i||^2 of the head output g = alpha V, and R2's value
     gradient sum_i alpha_ij (g_i - t_i) with the attention held fixed."""
-    check_tensor("alpha", alpha, ndim=2)
+    check_tensor("alpha", alpha, ndim=2, nonempty=True)
+    check_tensor("values", values, ndim=2, nonempty=True)
+    check_tensor("targets", targets, ndim=2)
+    if alpha.shape[1] != values.shape[0]:
+        raise ValueError(f"alpha has {alpha.shape[1]} columns (components) but values has {values.shape[0]} rows")
+    if targets.shape != (alpha.shape[0], values.shape[1]):
+        raise ValueError(f"targets must have shape (N, d) = {(alpha.shape[0], values.shape[1])}, got {tuple(targets.shape)}")
     g = alpha @ values
     u = g - targets
     return float(0.5 * (u**2).sum()), alpha.T @ u

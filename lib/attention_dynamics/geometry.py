@@ -26,6 +26,7 @@ LOG2E = 1 / math.log(2)
 
 def entropy_bits(log_probs: Tensor) -> Tensor:
     """Entropy of each distribution (last axis, natural-log probabilities) in bits."""
+    check_tensor("log_probs", log_probs, min_ndim=1, finite=False)
     p = log_probs.exp()
     return -(p * torch.where(p > 0, log_probs, torch.zeros((), dtype=log_probs.dtype))).sum(-1) * LOG2E
 
@@ -38,6 +39,11 @@ def calibration_errors(log_probs: Tensor, bayes_bits: Tensor, posterior: Tensor 
     given the posterior (B, P, C), the mean KL(posterior || model) in bits; plus 'mae', the
     mean absolute entropy error over all samples and positions."""
     check_tensor("log_probs", log_probs, ndim=3, finite=False)  # log 0 = -inf is legitimate
+    check_tensor("bayes_bits", bayes_bits, ndim=1)
+    if bayes_bits.shape[0] != log_probs.shape[1]:
+        raise ValueError(f"bayes_bits must give one entropy per position ({log_probs.shape[1]}), got {bayes_bits.shape[0]}")
+    if posterior is not None and posterior.shape != log_probs.shape:
+        raise ValueError(f"posterior must have the shape of log_probs {tuple(log_probs.shape)}, got {tuple(posterior.shape)}")
     H = entropy_bits(log_probs.double())
     err = (H - bayes_bits[None].to(H.dtype)).abs()
     out = {"model_bits": H.mean(0), "abs_error_bits": err.mean(0), "mae": err.mean()}
@@ -52,7 +58,9 @@ def calibration_errors(log_probs: Tensor, bayes_bits: Tensor, posterior: Tensor 
 def pc_shares(X: Tensor, k: int = 3) -> np.ndarray:
     """Fractions of the total variance carried by the first k principal components."""
     check_tensor("X", X, ndim=2)
-    k = check_int("k", k, 1, None)
+    k = check_int("k", k, 1, min(X.shape))
+    if X.shape[0] < 2:
+        raise ValueError(f"X needs at least two rows to have a variance, got shape {tuple(X.shape)}")
     Xc = (X - X.mean(0)).double()
     s = torch.linalg.svdvals(Xc) ** 2
     return (s[:k] / s.sum()).numpy()
@@ -68,6 +76,8 @@ def spearman(a, b) -> float:
     """Spearman rank correlation (average ranks for ties)."""
     from scipy.stats import spearmanr
 
+    if np.shape(a) != np.shape(b) or np.ndim(a) != 1 or len(a) < 2:
+        raise ValueError(f"spearman needs two 1-D sequences of the same length >= 2, got shapes {np.shape(a)} and {np.shape(b)}")
     r = spearmanr(np.asarray(a, float), np.asarray(b, float)).statistic
     return float(r)
 

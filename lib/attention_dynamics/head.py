@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .checks import check_bool, check_float, check_int, check_same_dtype_device, check_tensor
+from .checks import NonFiniteError, check_bool, check_dtype, check_float, check_int, check_same_dtype_device, check_tensor
 
 __all__ = ["Attention", "allowed_keys", "attend", "HeadParams", "init_head", "project", "merge_heads"]
 
@@ -68,11 +68,20 @@ def attend(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_mask: T
            scale: float | None = None) -> Attention:
     """Scaled dot-product attention, returning scores, weights and outputs.
 
-    ``scale`` defaults to 1/sqrt(d_k) as in the digest.
+    ``scale`` defaults to 1/sqrt(d_k) as in the digest. Every query needs at least one
+    visible key, so no dimension may be empty (no queries, no keys, d_k = 0 or an empty
+    batch are refused by name). Finite inputs whose scores overflow the dtype raise
+    :class:`~attention_dynamics.checks.NonFiniteError` instead of returning NaN weights.
     """
     check_tensor("q", q, min_ndim=2)
     check_tensor("k", k, min_ndim=2)
     check_tensor("v", v, min_ndim=2)
+    if k.shape[-2] == 0:
+        raise ValueError(f"k has no keys (shape {tuple(k.shape)}); each query needs at least one visible key")
+    if q.shape[-2] == 0:
+        raise ValueError(f"q has no queries (shape {tuple(q.shape)}); attention needs at least one")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_tensor(name, t, nonempty=True, finite=False)
     check_same_dtype_device(q=q, k=k, v=v)
     check_bool("causal", causal)
     if q.shape[-1] != k.shape[-1]:
@@ -89,6 +98,12 @@ def attend(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_mask: T
     T, S = q.shape[-2], k.shape[-2]
     allowed = allowed_keys(T, S, causal=causal, key_mask=key_mask, batch_shape=q.shape[:-2], device=q.device)
     scores = (q @ k.transpose(-1, -2)) * scale
+    # q and k are finite, so a non-finite score is an overflow of the dtype (float32 past
+    # ~3e38); the softmax would turn it into NaN weights
+    if not bool(torch.isfinite(scores).all()):
+        raise NonFiniteError(
+            f"attention scores overflow {scores.dtype} (largest finite |q|, |k| entries "
+            f"{float(q.abs().max()):.3g}, {float(k.abs().max()):.3g}); rescale q and k or compute in float64")
     if allowed is not None:
         scores = scores.masked_fill(~allowed, float("-inf"))
     weights = torch.softmax(scores, dim=-1)
@@ -112,7 +127,7 @@ class HeadParams:
 
     def __post_init__(self):
         for name in ("W_Q", "W_K", "W_V", "W_O"):
-            check_tensor(name, getattr(self, name), ndim=2 if name == "W_O" else 3)
+            check_tensor(name, getattr(self, name), ndim=2 if name == "W_O" else 3, nonempty=True)
         check_same_dtype_device(W_Q=self.W_Q, W_K=self.W_K, W_V=self.W_V, W_O=self.W_O)
         H, d_x, d_k = self.W_Q.shape
         if self.W_K.shape[0] != H or self.W_K.shape[2] != d_k:
@@ -134,6 +149,7 @@ def init_head(d_x: int, d_k: int, d_v: int, n_classes: int, *, heads: int = 1, s
     """All four matrices drawn N(0, std^2), in the order W_Q, W_K, W_V, W_O. ``d_m``: width
     of a separate key/value memory (default: self-attention, d_m = d_x)."""
     d_m = d_x if d_m is None else d_m
+    check_dtype("dtype", dtype)
     for name, val in (("d_x", d_x), ("d_k", d_k), ("d_v", d_v), ("n_classes", n_classes), ("heads", heads), ("d_m", d_m)):
         check_int(name, val, 1, None)
     check_float("std", std, 0.0, None, low_open=True)
@@ -146,10 +162,16 @@ def init_head(d_x: int, d_k: int, d_v: int, n_classes: int, *, heads: int = 1, s
 
 def project(x: Tensor, W: Tensor) -> Tensor:
     """(B, T, d_x) @ (H, d_x, d) -> (B, H, T, d): one projection per head."""
+    check_tensor("x", x, ndim=3)
+    check_tensor("W", W, ndim=3)
+    check_same_dtype_device(x=x, W=W)
+    if x.shape[-1] != W.shape[1]:
+        raise ValueError(f"x has width {x.shape[-1]} but W reads width {W.shape[1]} (W is (H, d_x, d) = {tuple(W.shape)})")
     return torch.einsum("btx,hxd->bhtd", x, W)
 
 
 def merge_heads(g: Tensor) -> Tensor:
     """(B, H, T, d_v) -> (B, T, H * d_v): the concatenation the read-out sees."""
+    check_tensor("g", g, ndim=4, finite=False)
     B, H, T, d_v = g.shape
     return g.transpose(1, 2).reshape(B, T, H * d_v)

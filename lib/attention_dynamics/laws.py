@@ -128,14 +128,14 @@ def head_forward(params: HeadParams, x: Tensor, *, memory: Tensor | None = None,
     ``memory``: optional (B, S, d_m) inputs of the keys and values (default: x).
     ``key_mask``: optional bool (B, S), True at real (non-padding) keys.
     """
-    check_tensor("x", x, ndim=3)
+    check_tensor("x", x, ndim=3, nonempty=True)
     check_same_dtype_device(x=x, W_Q=params.W_Q)
     if x.shape[-1] != params.W_Q.shape[1]:
         raise ValueError(f"x has width {x.shape[-1]} but the head expects d_x = {params.W_Q.shape[1]}")
     if memory is None:
         memory = x
     else:
-        check_tensor("memory", memory, ndim=3)
+        check_tensor("memory", memory, ndim=3, nonempty=True)
         check_same_dtype_device(x=x, memory=memory)
         if memory.shape[0] != x.shape[0]:
             raise ValueError(f"memory must have the batch size {x.shape[0]} of x, got shape {tuple(memory.shape)}")

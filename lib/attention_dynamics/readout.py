@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .checks import check_same_dtype_device, check_tensor
+from .checks import NonFiniteError, check_int, check_same_dtype_device, check_tensor
 
 __all__ = ["Readout", "cross_entropy_readout", "split_heads"]
 
@@ -28,15 +28,17 @@ def cross_entropy_readout(g: Tensor, W_O: Tensor, y: Tensor, *, mask: Tensor | N
     """g: (..., T, d) read-out inputs; W_O: (d, C); y: (..., T) integer targets in [0, C);
     mask: optional bool (..., T), True at positions that count in the mean."""
     check_tensor("g", g, min_ndim=2)
-    check_tensor("W_O", W_O, ndim=2)
+    check_tensor("W_O", W_O, ndim=2, nonempty=True)
     check_same_dtype_device(g=g, W_O=W_O)
     check_tensor("y", y, kind="int")
     if g.shape[-1] != W_O.shape[0]:
         raise ValueError(f"W_O must have {g.shape[-1]} rows to read g, got shape {tuple(W_O.shape)}")
     if y.shape != g.shape[:-1]:
         raise ValueError(f"y must have shape {tuple(g.shape[:-1])}, got {tuple(y.shape)}")
+    if y.numel() == 0:
+        raise ValueError(f"y has no positions (shape {tuple(y.shape)}); the mean cross-entropy needs at least one")
     C = W_O.shape[1]
-    if y.numel() and (int(y.min()) < 0 or int(y.max()) >= C):
+    if int(y.min()) < 0 or int(y.max()) >= C:
         raise ValueError(f"y must hold class indices in [0, {C - 1}], got values in [{int(y.min())}, {int(y.max())}]")
     if mask is None:
         weight = torch.full(y.shape, 1.0 / y.numel(), dtype=g.dtype, device=g.device)
@@ -49,6 +51,9 @@ def cross_entropy_readout(g: Tensor, W_O: Tensor, y: Tensor, *, mask: Tensor | N
             raise ValueError("mask hides every position; at least one must count in the loss")
         weight = mask.to(g.dtype) / n
     logits = g @ W_O
+    if not bool(torch.isfinite(logits).all()):
+        raise NonFiniteError(f"the logits overflow {logits.dtype} (largest |g| {float(g.abs().max()):.3g}, "
+                             f"largest |W_O| {float(W_O.abs().max()):.3g})")
     log_probs = torch.log_softmax(logits, dim=-1)
     nll = -log_probs.gather(-1, y.long().unsqueeze(-1)).squeeze(-1)
     loss = (weight * nll).sum()
@@ -61,5 +66,9 @@ def cross_entropy_readout(g: Tensor, W_O: Tensor, y: Tensor, *, mask: Tensor | N
 
 def split_heads(u_merged: Tensor, heads: int) -> Tensor:
     """(B, T, H * d_v) -> (B, H, T, d_v), the inverse of head.merge_heads."""
+    check_tensor("u_merged", u_merged, ndim=3, finite=False)
+    check_int("heads", heads, 1, None)
     B, T, Hd = u_merged.shape
+    if Hd % heads:
+        raise ValueError(f"u_merged's width {Hd} is not a multiple of heads = {heads}")
     return u_merged.reshape(B, T, heads, Hd // heads).transpose(1, 2)

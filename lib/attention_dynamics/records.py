@@ -37,14 +37,24 @@ def to_jsonable(value: Any) -> Any:
     raise TypeError(f"cannot record a value of type {type(value).__name__}")
 
 
+def _current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _current_umask()
+
+
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     """Write to a temporary file beside ``path`` and rename, so no reader sees half a file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as f:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes files private (0600); give them an ordinary file's mode
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)
@@ -56,7 +66,7 @@ def write_json_atomic(path: str | os.PathLike, data: Any) -> None:
 
 
 def read_record(path: str | os.PathLike) -> dict:
-    with open(path) as f:
+    with open(path, encoding="utf-8") as f:
         return json.load(f)
 
 

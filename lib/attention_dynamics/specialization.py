@@ -6,19 +6,33 @@ import math
 import torch
 from torch import Tensor
 
+from .checks import check_int, check_tensor
 from .laws import advantage
 
 __all__ = ["cluster_usage", "value_cluster_shares", "specialization_index", "advantage_sign_agreement"]
 
 
+def _check_clusters(alpha: Tensor, cluster: Tensor, n_clusters: int) -> None:
+    check_tensor("alpha", alpha, ndim=2, nonempty=True)
+    check_tensor("cluster", cluster, ndim=1, kind="int")
+    check_int("n_clusters", n_clusters, 1, None)
+    if cluster.shape[0] != alpha.shape[0]:
+        raise ValueError(f"cluster must give one cluster per query ({alpha.shape[0]}), got {cluster.shape[0]}")
+    if int(cluster.min()) < 0 or int(cluster.max()) >= n_clusters:
+        raise ValueError(f"cluster must hold indices in [0, {n_clusters - 1}], got values in "
+                         f"[{int(cluster.min())}, {int(cluster.max())}]")
+
+
 def cluster_usage(alpha: Tensor, cluster: Tensor, n_clusters: int) -> Tensor:
     """(K, M): mean attention that the queries of cluster c pay to value j."""
+    _check_clusters(alpha, cluster, n_clusters)
     onehot = torch.nn.functional.one_hot(cluster, n_clusters).to(alpha.dtype)  # (N, K)
     return (onehot.T @ alpha) / onehot.sum(0)[:, None]
 
 
 def value_cluster_shares(alpha: Tensor, cluster: Tensor, n_clusters: int) -> tuple[Tensor, Tensor]:
     """Share U_jc of value j's total responsibility N_j that comes from cluster c, and N_j."""
+    _check_clusters(alpha, cluster, n_clusters)
     onehot = torch.nn.functional.one_hot(cluster, n_clusters).to(alpha.dtype)
     per = alpha.T @ onehot  # (M, K)
     N = per.sum(1)
@@ -41,6 +55,11 @@ def advantage_sign_agreement(alpha_t: Tensor, b_t: Tensor, change: Tensor, *, re
     Entries whose advantage or change is below ``rel_tol`` times the largest are left out
     (they have no sign to speak of). Returns (agreement rate, agreement weighted by
     alpha * |advantage|, number of entries compared)."""
+    check_tensor("alpha_t", alpha_t, min_ndim=1, nonempty=True)
+    for name, t in (("b_t", b_t), ("change", change)):
+        check_tensor(name, t, min_ndim=1)
+        if t.shape != alpha_t.shape:
+            raise ValueError(f"{name} must have the shape of alpha_t {tuple(alpha_t.shape)}, got {tuple(t.shape)}")
     adv = advantage(alpha_t, b_t)
     keep = (alpha_t > 0) & (adv.abs() > rel_tol * adv.abs().max()) & (change.abs() > rel_tol * change.abs().max())
     if not bool(keep.any()):

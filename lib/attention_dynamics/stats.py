@@ -27,5 +27,7 @@ def loglog_slope(x, y) -> tuple[float, float, float]:
 def mean_std(values, axis=0) -> tuple[np.ndarray, np.ndarray]:
     """Mean and sample standard deviation (ddof=1; 0 for a single value)."""
     a = np.asarray(values, dtype=float)
+    if a.ndim == 0 or a.shape[axis] == 0:
+        raise ValueError(f"mean_std needs at least one value along axis {axis}, got shape {a.shape}")
     n = a.shape[axis]
     return a.mean(axis), (a.std(axis, ddof=1) if n > 1 else np.zeros_like(a.mean(axis)))

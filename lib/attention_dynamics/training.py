@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .checks import check_float, check_int
+from .checks import NonFiniteError, check_float, check_int
 
 __all__ = [
     "StepOutput",
@@ -197,6 +197,12 @@ def _check_finite(step: int, out: StepOutput, max_loss: float | None) -> None:
             raise TrainingDiverged(step, f"the gradient of {name} is not finite")
 
 
+def _check_parameters(step: int, params: dict[str, Tensor]) -> None:
+    for name, p in params.items():
+        if p.dtype.is_floating_point and not bool(torch.isfinite(p).all()):
+            raise TrainingDiverged(step, f"the update of step {step} made {name} non-finite")
+
+
 def train(params: dict[str, Tensor], loss_fn: Callable[[dict[str, Tensor]], StepOutput], rule: UpdateRule,
           n_steps: int, *, callback: Callable[[int, dict[str, Tensor], StepOutput], Any] | None = None,
           every: int = 1, max_loss: float | None = None, progress: bool = False, desc: str = "training") -> History:
@@ -204,8 +210,11 @@ def train(params: dict[str, Tensor], loss_fn: Callable[[dict[str, Tensor]], Step
 
     The loss at index t of the history is the loss of the parameters after t updates.
     ``callback(step, params, out)`` is called at steps 0, every, 2*every, ... and at the
-    last step. Raises :class:`TrainingDiverged` with the step and the cause when a loss or
-    gradient stops being finite or the loss exceeds ``max_loss``.
+    last step. Raises :class:`TrainingDiverged` with the step and the cause when a loss,
+    gradient or parameter stops being finite, when the loss function meets an overflow
+    (:class:`~attention_dynamics.checks.NonFiniteError`) after the first update, or when
+    the loss exceeds ``max_loss``. At step 0 such an error is the caller's input and is
+    raised unchanged.
     """
     n_steps = check_int("n_steps", n_steps, 0, None)
     every = check_int("every", every, 1, None)
@@ -219,7 +228,14 @@ def train(params: dict[str, Tensor], loss_fn: Callable[[dict[str, Tensor]], Step
         bar = tqdm(total=n_steps, desc=desc, leave=False, mininterval=2.0)
     try:
         for step in range(n_steps + 1):
-            out = loss_fn(params)
+            try:
+                out = loss_fn(params)
+            except NonFiniteError as e:
+                if step == 0:
+                    raise
+                raise TrainingDiverged(step, f"the loss function met non-finite values ({e})") from None
+            if not isinstance(out, StepOutput):
+                raise TypeError(f"loss_fn must return a StepOutput, got {type(out).__name__}")
             _check_finite(step, out, max_loss)
             losses.append(out.loss.detach().cpu().numpy().copy())
             if callback is not None and (step % every == 0 or step == n_steps):
@@ -227,6 +243,7 @@ def train(params: dict[str, Tensor], loss_fn: Callable[[dict[str, Tensor]], Step
             if step == n_steps:
                 break
             rule(params, out, step)
+            _check_parameters(step, params)
             if bar is not None:
                 bar.update(1)
                 if step % 50 == 0:

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .checks import check_bool, check_choice, check_float, check_int
+from .checks import check_bool, check_choice, check_float, check_int, check_tensor
 from .head import Attention, attend
 
 __all__ = ["TransformerConfig", "CausalTransformer", "HeadTrace", "parameter_groups"]
@@ -115,8 +115,14 @@ class CausalTransformer(nn.Module):
                 raise TypeError(f"x must be (B, T) integer token ids, got {x.dtype} of shape {tuple(x.shape)}")
             if x.numel() and (int(x.min()) < 0 or int(x.max()) >= self.cfg.vocab):
                 raise ValueError(f"token ids must lie in [0, {self.cfg.vocab - 1}]")
-        elif x.dim() != 3 or x.shape[-1] != self.cfg.d_in:
-            raise ValueError(f"x must have shape (B, T, {self.cfg.d_in}), got {tuple(x.shape)}")
+        else:
+            check_tensor("x", x, ndim=3)
+            if x.shape[-1] != self.cfg.d_in:
+                raise ValueError(f"x must have shape (B, T, {self.cfg.d_in}), got {tuple(x.shape)}")
+            if x.dtype != self.inp.weight.dtype:
+                raise TypeError(f"x has dtype {x.dtype} but the model's weights are {self.inp.weight.dtype}")
+        if 0 in x.shape:
+            raise ValueError(f"x must have no empty dimension, got shape {tuple(x.shape)}")
         h = self.inp(x)
         T = h.shape[1]
         if self.pos is not None:

@@ -175,6 +175,7 @@ class EvalSet:
 
 
 def eval_set(task: WindTunnel, n: int = 512, seed: int = 12345) -> EvalSet:
+    check_int("n", n, 1, 10_000_000)
     gen = torch.Generator().manual_seed(seed)
     tokens, targets = sample_batch(task, n, gen)
     bits = bayes_entropy_bits(task)

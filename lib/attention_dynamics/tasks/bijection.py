@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..checks import check_int
+from ..checks import check_int, check_tensor
 
 __all__ = ["WindTunnel", "bayes_entropy_bits", "posterior", "sample_batch", "supervised_positions"]
 
@@ -51,6 +51,11 @@ def bayes_entropy_bits(task: WindTunnel) -> Tensor:
 def posterior(tokens: Tensor, task: WindTunnel) -> Tensor:
     """The exact posterior over the next token at every supervised position: (B, L + 1, V).
     At a value position: uniform over values not yet seen; after the query: one-hot."""
+    check_tensor("tokens", tokens, ndim=2, kind="int", nonempty=True)
+    if tokens.shape[1] != task.length:
+        raise ValueError(f"tokens must have {task.length} columns (2L + 1 for L = {task.L}), got shape {tuple(tokens.shape)}")
+    if int(tokens.min()) < 0 or int(tokens.max()) >= task.V:
+        raise ValueError(f"tokens must lie in [0, {task.V - 1}]")
     B = tokens.shape[0]
     V, L = task.V, task.L
     post = torch.zeros(B, L + 1, V, dtype=torch.float64)
@@ -70,6 +75,8 @@ def sample_batch(task: WindTunnel, batch: int, generator: torch.Generator) -> tu
     """``batch`` fresh samples: tokens (B, 2L + 1) and the targets (B, L + 1) at the
     supervised positions. Vectorized: permutations come from argsort of uniform noise."""
     B = check_int("batch", batch, 1, 10_000_000)
+    if not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator (seeded, for reproducible samples), got {type(generator).__name__}")
     V, L = task.V, task.L
     pi = torch.rand(B, V, generator=generator).argsort(1)  # a random bijection per sample
     keys = torch.rand(B, V, generator=generator).argsort(1)[:, :L]  # L distinct keys

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..checks import check_float, check_int
+from ..checks import check_float, check_int, check_int_list, check_tensor
 
 __all__ = [
     "N_STATES",
@@ -91,6 +91,7 @@ def sample_sequences(seeds, *, n_states_seq: int = 2000, A: Tensor | None = None
     """One sequence of ``n_states_seq`` states per seed (uniform start), stacked on a
     leading run dimension; inputs in ``dtype``. Each seed's draws come from its own
     generator: first the start state, then the increments, then the noise."""
+    seeds = check_int_list("seeds", list(seeds), 0, None)
     A = transition_matrix() if A is None else A
     means = symbol_means() if means is None else means
     n = A.shape[0]
@@ -126,6 +127,10 @@ def conditional_entropy(A: Tensor) -> float:
 
 def _emission_loglik(x: Tensor, means: Tensor) -> Tensor:
     """log N(x_t; mu_h, I) for every h: (..., T, n_states)."""
+    check_tensor("x", x, min_ndim=2, nonempty=True)
+    check_tensor("means", means, ndim=2, nonempty=True)
+    if x.shape[-1] != means.shape[1]:
+        raise ValueError(f"x has width {x.shape[-1]} but the symbol means have width {means.shape[1]}")
     x = x.to(means.dtype)
     d = means.shape[1]
     sq = ((x[..., None, :] - means) ** 2).sum(-1)
@@ -158,6 +163,10 @@ def forward_filter(x: Tensor, A: Tensor, means: Tensor) -> Tensor:
 
 def cross_entropy_of(log_pred: Tensor, y: Tensor) -> Tensor:
     """Mean over positions of -log P(y_t), per run: (...,)."""
+    check_tensor("log_pred", log_pred, min_ndim=2, finite=False, nonempty=True)
+    check_tensor("y", y, kind="int")
+    if y.shape != log_pred.shape[:-1]:
+        raise ValueError(f"y must have shape {tuple(log_pred.shape[:-1])}, got {tuple(y.shape)}")
     return -log_pred.gather(-1, y[..., None]).squeeze(-1).mean(-1)
 
 
@@ -194,7 +203,7 @@ def init_weights(seeds, *, std: float = 0.1, d_x: int = D_X, d_k: int = D_K, d_v
     The weights of seed s come from a generator seeded s + 10**6 (the sequence uses s),
     drawn in float64 and cast, so float32 and float64 runs start from the same point."""
     out = {"W_Q": [], "W_K": [], "W_V": [], "W_O": []}
-    for s in seeds:
+    for s in check_int_list("seeds", list(seeds), 0, None):
         g = torch.Generator().manual_seed(check_int("seed", s, 0, None) + 10**6)
         for name, shape in (("W_Q", (d_x, d_k)), ("W_K", (d_x, d_k)), ("W_V", (d_x, d_v)), ("W_O", (d_v, n_classes))):
             out[name].append(torch.randn(*shape, generator=g, dtype=torch.float64) * std)
@@ -216,6 +225,7 @@ def train_naive(seed: int, x: Tensor, y: Tensor, schedule: str, n_steps: int) ->
     baseline and the fast path's reference."""
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {list(SCHEDULES)}, got {schedule!r}")
+    n_steps = check_int("n_steps", n_steps, 0, None)
     w = {n: t[0].clone().requires_grad_(True) for n, t in init_weights([seed], dtype=x.dtype).items()}
     lrs = SCHEDULES[schedule]
     groups = {}

@@ -1,0 +1,53 @@
+"""Helpers shared by the test modules: a tiny repository with one notebook, and the
+commands of an executed chapter's provenance footer."""
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import nbformat
+
+TINY_CELLS = [
+    ("code", 'x = 1\noffset = 0\nfail = False\nrecord_path = ""\nprofile = "paper"', ["parameters"]),
+    ("code", "from attention_dynamics.records import Record\nrec = Record(record_path)", []),
+    ("code", "if fail:\n    raise ValueError('x is broken')", []),
+    ("code", "rec['double'] = 2 * x + offset\nrec.save()", []),
+]
+TINY_PROFILES = "tiny:\n  quick: {x: 3}\n  paper: {x: 5}\n"
+
+
+def make_root(tmp_path: Path, cells=TINY_CELLS, name: str = "tiny", profiles: str | None = None) -> Path:
+    """A repository root holding notebooks/NAME.ipynb and its profiles (quick: x = 3, paper: x = 5)."""
+    nb = nbformat.v4.new_notebook()
+    for _, src, tags in cells:
+        c = nbformat.v4.new_code_cell(src)
+        c.metadata["tags"] = tags
+        nb.cells.append(c)
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    (tmp_path / "notebooks").mkdir()
+    nbformat.write(nb, tmp_path / "notebooks" / f"{name}.ipynb")
+    text = profiles if profiles is not None else TINY_PROFILES.replace("tiny", name)
+    (tmp_path / "notebooks" / "profiles.yml").write_text(text)
+    return tmp_path
+
+
+def footer_commands(notebook: Path) -> tuple[list[str], list[str]]:
+    """The runner and papermill commands of an executed notebook's provenance footer, as
+    argument lists (shell-split as a shell would)."""
+    nb = nbformat.read(notebook, as_version=4)
+    (cell,) = [c for c in nb.cells if "provenance" in c.metadata.get("tags", [])]
+    blocks = cell.source.split("```bash\n")[1:]
+    commands = [shlex.split(b.split("\n```")[0]) for b in blocks]
+    (run_cmd,) = [c for c in commands if "attention_dynamics.runner" in c]
+    (pm_cmd,) = [c for c in commands if c[0].endswith("papermill")]
+    return run_cmd, pm_cmd
+
+
+def papermill_parameters(argv: list[str], monkeypatch) -> dict:
+    """The parameters papermill's own command line reads from ``argv`` (nothing executed)."""
+    import papermill.cli
+
+    seen: dict = {}
+    monkeypatch.setattr(papermill.cli, "execute_notebook", lambda *a, **kw: seen.update(kw["parameters"]))
+    papermill.cli.papermill.main(args=argv[1:], standalone_mode=False)
+    return seen
