@@ -78,7 +78,7 @@ def main(argv: list[str]) -> None:
         ensure_browser()
         run([py, "-m", "pytest", *rest], env=env)
     else:
-        run([py, "-m", "attention_dynamics.runner", "--book", *rest], env=env)
+        run([py, "-m", "attention_dynamics.book", "--book", *rest], env=env)
 
 
 if __name__ == "__main__":

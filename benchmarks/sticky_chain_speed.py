@@ -4,9 +4,9 @@
 Both run in this one process, on the same seeds and initial weights:
 
 - naive: the way the authors' script works: one run at a time, autograd, the full T x T
-  masked softmax (attention_dynamics.tasks.sticky_chain.train_naive);
+  masked softmax (attention_dynamics.causal_head.train_reference);
 - fast: all runs batched, the closed-form backward of R1-R3, causal attention walked in
-  row blocks so the T x T matrix never exists (attention_dynamics.blocked).
+  row blocks so the T x T matrix never exists (attention_dynamics.causal_head).
 
 Prints milliseconds per run-step, their ratio, the peak resident memory each phase added,
 and the largest difference between the two paths' final losses (must be <= 1e-4; the
@@ -25,7 +25,7 @@ import time
 import numpy as np
 import torch
 
-from attention_dynamics.blocked import causal_head_loss_fn
+from attention_dynamics.causal_head import causal_head_loss_fn, init_heads, protocol_rates, train_reference
 from attention_dynamics.tasks import sticky_chain as sc
 from attention_dynamics.training import SGD, train
 
@@ -78,10 +78,10 @@ def main() -> int:
 
     x = torch.cat([seq.x, seq.x])
     y = torch.cat([seq.y, seq.y])
-    params = sc.init_weights(seeds + seeds)
+    params = init_heads(seeds + seeds)
     with PeakRSS() as mem_fast:
         start = time.perf_counter()
-        hist = train(params, causal_head_loss_fn(x, y, block=args.block), SGD(sc.schedule_rates(names)), args.steps)
+        hist = train(params, causal_head_loss_fn(x, y, block=args.block), SGD(protocol_rates(names)), args.steps)
         fast_s = time.perf_counter() - start
     fast_final = hist.loss[-1]
     fast_ms = 1000 * fast_s / (runs * (args.steps + 1))
@@ -91,7 +91,7 @@ def main() -> int:
     with PeakRSS() as mem_naive:
         start = time.perf_counter()
         for i, name in enumerate(names):
-            losses = sc.train_naive(seeds[i % len(seeds)], seq.x[i % len(seeds)], seq.y[i % len(seeds)], name, args.steps)
+            losses = train_reference(seeds[i % len(seeds)], seq.x[i % len(seeds)], seq.y[i % len(seeds)], name, args.steps)
             naive_final.append(losses[-1])
             print(f"  naive run {i + 1}/{runs} ({name}, seed {seeds[i % len(seeds)]}): final loss {losses[-1]:.6f}", flush=True)
         naive_s = time.perf_counter() - start

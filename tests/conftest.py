@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from attention_dynamics.runner import execute, find_root, make_jobs
+from attention_dynamics.book.profiles import find_root
+from attention_dynamics.book.runner import execute, make_jobs
 
 ROOT = Path(__file__).resolve().parents[1]
 # Figures of the library's own tests (not the notebooks') need no screen.

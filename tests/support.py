@@ -9,7 +9,7 @@ import nbformat
 
 TINY_CELLS = [
     ("code", 'x = 1\noffset = 0\nfail = False\nrecord_path = ""\nprofile = "paper"', ["parameters"]),
-    ("code", "from attention_dynamics.records import Record\nrec = Record(record_path)", []),
+    ("code", "from attention_dynamics.book.records import Record\nrec = Record(record_path)", []),
     ("code", "if fail:\n    raise ValueError('x is broken')", []),
     ("code", "rec['double'] = 2 * x + offset\nrec.save()", []),
 ]
@@ -38,7 +38,7 @@ def footer_commands(notebook: Path) -> tuple[list[str], list[str]]:
     (cell,) = [c for c in nb.cells if "provenance" in c.metadata.get("tags", [])]
     blocks = cell.source.split("```bash\n")[1:]
     commands = [shlex.split(b.split("\n```")[0]) for b in blocks]
-    (run_cmd,) = [c for c in commands if "attention_dynamics.runner" in c]
+    (run_cmd,) = [c for c in commands if "attention_dynamics.book" in c]
     (pm_cmd,) = [c for c in commands if c[0].endswith("papermill")]
     return run_cmd, pm_cmd
 

@@ -14,7 +14,8 @@ from urllib.parse import unquote, urljoin, urlparse
 
 import pytest
 
-from attention_dynamics.runner import build_book, load_profiles
+from attention_dynamics.book.build import build_book
+from attention_dynamics.book.profiles import load_profiles
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 

@@ -58,7 +58,7 @@ def test_every_number_glued_into_the_text_is_recorded(root, quick_runs):
 
     import nbformat
 
-    from attention_dynamics.runner import load_profiles
+    from attention_dynamics.book.profiles import load_profiles
 
     for name in load_profiles(root):
         nb = nbformat.read(root / "notebooks" / f"{name}.ipynb", as_version=4)
@@ -74,15 +74,24 @@ def test_every_number_glued_into_the_text_is_recorded(root, quick_runs):
 def test_sticky_chain_chapter(quick_runs):
     v = quick_runs("sticky_chain")["values"]
     assert abs(v["self_transition"] - 0.3498) < 5e-5  # the script's matrix, quirk included
+    assert v["em_final_mean"] < v["sgd_final_mean"]  # the EM-style schedule is ahead
+    assert v["n_reached"] >= 1 and v["speedup"] > 1
+
+
+def test_sticky_chain_beyond_chapter(quick_runs):
+    v = quick_runs("sticky_chain_beyond")["values"]
     assert abs(v["floor_conditional_entropy"] - 1.8292) < 5e-5
     assert v["floor_conditional_entropy"] < v["floor_filter"] <= v["floor_x_only"] + 3 * v["floor_filter_se"]
     assert v["floor_filter"] < v["floor_uniform"]
-    assert v["em_final_mean"] < v["sgd_final_mean"]  # the EM-style schedule is ahead
-    assert v["n_reached"] >= 1 and v["speedup"] > 1
     assert v["gap_filter_sgd"] > 0 and v["gap_filter_em"] > 0  # short training stays above the honest floor
     assert v["long_below_filter_on_train"]  # long training fits the training sequence below the floor
     assert v["long_test_best_em"] > v["long_filter_test"] and v["long_test_best_sgd"] > v["long_filter_test"]
     assert not v["mstep_diverged"]
+
+
+def test_sticky_chain_speed_chapter(quick_runs):
+    v = quick_runs("sticky_chain_speed")["values"]
+    assert v["speed_ratio"] == v["naive_ms_per_run_step"] / v["fast_ms_per_run_step"]
 
 
 def test_sticky_chain_deep_chapter(quick_runs):
@@ -118,8 +127,8 @@ def test_wt_laws_chapter(quick_runs):
 
 
 def test_scorecard_rows_come_from_the_records(root, quick_runs):
-    from attention_dynamics.runner import load_profiles
-    from attention_dynamics.scorecard import CLAIMS, FAILS, HOLDS, PARTLY, UNMEASURED, consistent, evaluate, render
+    from attention_dynamics.book.profiles import load_profiles
+    from attention_dynamics.book.scorecard import CLAIMS, FAILS, HOLDS, PARTLY, UNMEASURED, consistent, evaluate, render
 
     chapters = load_profiles(root)
     assert {c.chapter for c in CLAIMS if c.chapter} <= set(chapters)
@@ -142,7 +151,7 @@ def test_every_chapter_has_its_figures(root, quick_runs):
     test process sets MPLBACKEND=Agg (the kernel must still draw inline)."""
     import nbformat
 
-    from attention_dynamics.runner import load_profiles
+    from attention_dynamics.book.profiles import load_profiles
 
     assert os.environ.get("MPLBACKEND") == "Agg"
     for name in load_profiles(root):
@@ -163,7 +172,7 @@ def test_every_footer_command_runs_as_printed(root, quick_runs, tmp_path, monkey
     import shutil
     import subprocess
 
-    from attention_dynamics.runner import load_profiles
+    from attention_dynamics.book.profiles import load_profiles
     from support import footer_commands, papermill_parameters
 
     for name in load_profiles(root):

@@ -6,7 +6,8 @@ import json
 import nbformat
 import pytest
 
-from attention_dynamics.runner import NotebookFailed, execute, load_profiles, make_jobs, run_jobs
+from attention_dynamics.book.profiles import load_profiles
+from attention_dynamics.book.runner import NotebookFailed, execute, make_jobs, run_jobs
 from support import make_root
 
 def test_profiles_select_parameters_and_record_provenance(tmp_path):
@@ -114,7 +115,7 @@ def test_grid_runs_on_process_pool_and_dask(tmp_path):
 
     from distributed import Client, LocalCluster
 
-    from attention_dynamics.runner import make_grid_jobs
+    from attention_dynamics.book.runner import make_grid_jobs
 
     root = make_root(tmp_path)
     jobs = make_grid_jobs(root, "tiny", {"x": [1, 2, 3]}, out_dir=tmp_path / "pool")
@@ -147,3 +148,45 @@ def test_notebook_defaults_are_the_paper_profile(root):
         for key, value in prof["paper"].items():
             default = ast.literal_eval(params[key]["default"])
             assert default == value, f"{name}.{key}: notebook default {default!r}, paper profile {value!r}"
+
+
+def test_notebooks_read_like_the_book(root):
+    """Short cells and lines a page can show (no horizontal scrolling), and a first screen
+    that is the question and the math: the title cell first, the parameters and every set-up
+    cell before the first visible code cell collapsed."""
+    hidden = {"hide-input", "hide-cell", "remove-input", "remove-cell"}
+    for path in sorted((root / "notebooks").glob("*.ipynb")):
+        nb = nbformat.read(path, as_version=4)
+        assert nb.cells[0].cell_type == "markdown" and nb.cells[0].source.startswith("# "), path.name
+        code = [c for c in nb.cells if c.cell_type == "code"]
+        for i, c in enumerate(code):
+            lines = c.source.splitlines()
+            assert len(lines) <= 25, f"{path.name}: a code cell of {len(lines)} lines (at most 25)"
+            wide = [l for l in lines if len(l) > 88]
+            assert not wide, f"{path.name}: code lines wider than 88 characters: {wide}"
+        first_visible = next(i for i, c in enumerate(code) if not hidden & set(c.metadata.get("tags", [])))
+        assert "parameters" in code[0].metadata.get("tags", []) and first_visible >= 1, path.name
+        assert all(hidden & set(c.metadata.get("tags", [])) for c in code[:first_visible]), path.name
+
+
+def test_library_map_and_chapter_pointers(root):
+    """The package docstrings are a map naming every module, and every chapter is named by
+    the library functions or modules it explains."""
+    import ast
+
+    import attention_dynamics
+    import attention_dynamics.book
+
+    lib = root / "lib" / "attention_dynamics"
+    maps = attention_dynamics.__doc__ + attention_dynamics.book.__doc__
+    for p in lib.rglob("*.py"):
+        if p.stem in ("__init__", "__main__"):
+            continue
+        name = p.relative_to(lib).with_suffix("").as_posix().replace("/", ".")
+        assert name.split(".")[-1] in maps, f"the package map does not name {name}"
+    docs = " ".join(" ".join((ast.get_docstring(n) or "").split()) for p in lib.rglob("*.py")
+                    for n in ast.walk(ast.parse(p.read_text()))
+                    if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef)))
+    for path in sorted((root / "notebooks").glob("*.ipynb")):
+        title = nbformat.read(path, as_version=4).cells[0].source.splitlines()[0].lstrip("# ").strip()
+        assert f"*{title}*" in docs, f"no library docstring points to the chapter *{title}*"

@@ -14,9 +14,9 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attention_dynamics import runner
-from attention_dynamics.runner import (NotebookFailed, execute, format_value, main, make_grid_jobs, make_jobs,
-                                       parse_value, run_jobs)
+from attention_dynamics.book import runner
+from attention_dynamics.book.profiles import format_value, parse_value
+from attention_dynamics.book.runner import NotebookFailed, execute, main, make_grid_jobs, make_jobs, run_jobs
 from support import footer_commands, make_root, papermill_parameters
 
 def run_main(monkeypatch, capsys, root, *argv):
@@ -168,7 +168,7 @@ def test_set_applies_to_every_point_of_a_grid(tmp_path, monkeypatch, capsys):
 def _one_error_line(err: str) -> str:
     lines = [l for l in err.strip().splitlines() if l.strip()]
     assert len(lines) == 1 or (len(lines) == 2 and lines[0].startswith("usage")) or lines[-1].startswith(
-        "python -m attention_dynamics.runner: error"), err
+        "python -m attention_dynamics.book: error"), err
     return lines[-1]
 
 

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from attention_dynamics.blocked import blocked_causal_step, causal_head_loss_fn, dense_causal_forward
+from attention_dynamics.causal_head import (blocked_causal_step, causal_head_loss_fn, dense_causal_forward, init_heads,
+                                           protocol_rates, train_reference)
 from attention_dynamics.tasks import sticky_chain as sc
 from attention_dynamics.training import SGD, NormalizedValueStep, train
 
@@ -89,7 +90,7 @@ def test_sampler_follows_the_chain_and_is_deterministic():
 @pytest.mark.parametrize("block", [1, 7, 64, 500])
 def test_blocked_step_matches_autograd_in_float64(block):
     seq = sc.sample_sequences([5, 6], n_states_seq=120, dtype=torch.float64)
-    p = sc.init_weights([5, 6], std=0.5, dtype=torch.float64)
+    p = init_heads([5, 6], std=0.5, dtype=torch.float64)
     loss, grads, stats = blocked_causal_step(p, seq.x, seq.y, block=block, stats=True)
     leaves = {n: t.clone().requires_grad_(True) for n, t in p.items()}
     alpha, logp = dense_causal_forward(leaves, seq.x)
@@ -107,16 +108,16 @@ def test_fast_path_equals_naive_path_on_a_short_run():
     seq = sc.sample_sequences(seeds, n_states_seq=300)
     names = ["SGD", "SGD", "EM-style", "EM-style"]
     x, y = torch.cat([seq.x, seq.x]), torch.cat([seq.y, seq.y])
-    h = train(sc.init_weights(seeds + seeds), causal_head_loss_fn(x, y, block=32), SGD(sc.schedule_rates(names)), steps)
+    h = train(init_heads(seeds + seeds), causal_head_loss_fn(x, y, block=32), SGD(protocol_rates(names)), steps)
     for i, name in enumerate(names):
-        naive = sc.train_naive(seeds[i % 2], seq.x[i % 2], seq.y[i % 2], name, steps)
+        naive = train_reference(seeds[i % 2], seq.x[i % 2], seq.y[i % 2], name, steps)
         assert np.allclose(h.loss[:, i], naive, atol=1e-5), name
     assert abs(h.loss[-1, 2] - h.loss[-1, 0]) > 1e-4  # the schedules differ: the comparison can fail
 
 
 def test_normalized_value_step_changes_only_the_value_update():
     seq = sc.sample_sequences([1], n_states_seq=80, dtype=torch.float64)
-    p0 = sc.init_weights([1], dtype=torch.float64)
+    p0 = init_heads([1], dtype=torch.float64)
     fn = causal_head_loss_fn(seq.x, seq.y, value_info=True)
     out = fn(p0)
     assert out.info["N"].sum().item() == pytest.approx(79.0)  # every query spreads one unit of attention
@@ -129,11 +130,11 @@ def test_normalized_value_step_changes_only_the_value_update():
 
 def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="schedule must be one of"):
-        sc.schedule_rates(["Adam"])
+        protocol_rates(["Adam"])
     with pytest.raises(ValueError, match=r"n_states_seq must be an integer in \[2, 10000000\]"):
         sc.sample_sequences([1], n_states_seq=1)
     seq = sc.sample_sequences([1], n_states_seq=10)
     with pytest.raises(ValueError, match=r"y must have shape \(R, T\)"):
-        blocked_causal_step(sc.init_weights([1]), seq.x, seq.y[:, :5])
+        blocked_causal_step(init_heads([1]), seq.x, seq.y[:, :5])
     with pytest.raises(ValueError, match="block must be an integer >= 1"):
-        blocked_causal_step(sc.init_weights([1]), seq.x, seq.y, block=0)
+        blocked_causal_step(init_heads([1]), seq.x, seq.y, block=0)

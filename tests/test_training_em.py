@@ -8,13 +8,13 @@ import torch
 
 from attention_dynamics.em import (em_step, gmm_log_likelihood, gmm_responsibilities, head_e_step, head_value_step,
                                    sample_gmm, squared_error_value_gradient)
-from attention_dynamics.head import HeadParams
-from attention_dynamics.laws import loss_and_gradients
+from attention_dynamics.head import HeadParams, init_memory_head
+from attention_dynamics.laws import head_loss_fn, loss_and_gradients
 from attention_dynamics.specialization import (advantage_sign_agreement, cluster_usage, specialization_index,
                                                value_cluster_shares)
-from attention_dynamics.tasks.clusters import cluster_loss_fn, init_cluster_head, make_cluster_task
+from attention_dynamics.tasks.clusters import make_cluster_task
 from attention_dynamics.training import (SGD, PrototypeMStep, StepOutput, TorchOptimizer, TrainingDiverged, em_style,
-                                         train)
+                                         head_rates, train)
 
 F64 = torch.float64
 
@@ -77,17 +77,20 @@ def test_rules_validate_arguments():
         train({}, quadratic(torch.zeros(1)), SGD(0.1), -1)
 
 
-def test_em_style_rates_by_group():
-    rule = em_style(0.01, 0.1)
-    assert rule.lr == {"W_Q": 0.01, "W_K": 0.01, "W_O": 0.01, "W_V": 0.1}
+def test_em_style_rates_by_role():
+    rates = em_style(0.01, 0.1)
+    assert rates == {"routing": 0.01, "values": 0.1, "other": 0.01}
+    assert SGD(head_rates(rates)).lr == {"W_Q": 0.01, "W_K": 0.01, "W_O": 0.01, "W_V": 0.1}
+    with pytest.raises(ValueError, match="must give a rate for every role"):
+        head_rates({"values": 0.1})
 
 
 def test_closed_form_training_matches_autograd_sgd():
     """The loop with closed-form gradients equals torch autograd + plain SGD step for step."""
     task = make_cluster_task(3, 5, 4, seed=1)
-    p = init_cluster_head(task, 3, 3, std=0.5, seed=2)
+    p = init_memory_head(4, task.n_slots, task.n_clusters, 3, 3, std=0.5, seed=2)
     ref = {n: t.clone().requires_grad_(True) for n, t in p.items()}
-    train(p, cluster_loss_fn(task), SGD(0.5), 20)
+    train(p, head_loss_fn(task.x[None], task.cluster[None], memory=task.memory[None]), SGD(0.5), 20)
     opt = torch.optim.SGD(ref.values(), lr=0.5)
     for _ in range(20):
         opt.zero_grad()
@@ -170,7 +173,7 @@ def test_advantage_sign_agreement_counts():
 def test_cluster_task_and_symmetric_start():
     task = make_cluster_task(4, 6, 5, spread=0.0, seed=3)
     assert task.x.shape == (24, 5) and torch.allclose(task.x, task.centers[task.cluster])
-    p = init_cluster_head(task, 3, 2, seed=0, symmetric=0.0)
+    p = init_memory_head(5, task.n_slots, task.n_clusters, 3, 2, seed=0, symmetric=0.0)
     assert torch.all(p["W_V"][0] == p["W_V"][0, :1]) and torch.all(p["W_K"][0] == p["W_K"][0, :1])
     with pytest.raises(ValueError, match="n_clusters must be an integer in \\[2, 64\\]"):
         make_cluster_task(1)

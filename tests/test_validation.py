@@ -4,9 +4,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attention_dynamics.checks import check_float, check_int
+from attention_dynamics.validation import check_float, check_int
 from attention_dynamics.head import HeadParams, attend, init_head
-from attention_dynamics.laws import attention_backward, head_forward, loss_and_gradients
+from attention_dynamics.head import head_forward
+from attention_dynamics.laws import attention_backward, loss_and_gradients
 from attention_dynamics.readout import cross_entropy_readout
 from attention_dynamics.stats import loglog_slope
 
@@ -160,7 +161,7 @@ def test_divergence_without_max_loss_stops_with_step_and_cause():
 
 
 def test_bad_input_at_step_zero_is_not_called_divergence():
-    from attention_dynamics.checks import NonFiniteError
+    from attention_dynamics.validation import NonFiniteError
     from attention_dynamics.training import SGD, StepOutput, train
 
     params, x, y = _tiny_head_problem()
@@ -183,7 +184,7 @@ def test_a_loss_function_must_return_a_step_output():
 
 
 def test_finite_inputs_that_overflow_the_scores_raise_a_named_error():
-    from attention_dynamics.checks import NonFiniteError
+    from attention_dynamics.validation import NonFiniteError
 
     q, k, v = qkv(dtype=torch.float32)
     with pytest.raises(NonFiniteError, match="attention scores overflow torch.float32"):
@@ -230,16 +231,15 @@ def test_zero_width_heads_are_refused():
 
 
 def _probe_cases():
-    from attention_dynamics import blocked, em, geometry, specialization, stats
-    from attention_dynamics.head import merge_heads, project
-    from attention_dynamics.readout import split_heads
+    from attention_dynamics import causal_head, em, geometry, specialization, stats
+    from attention_dynamics.head import merge_heads, project, split_heads
     from attention_dynamics.tasks import bijection as bj
     from attention_dynamics.tasks import sticky_chain as sc
     from attention_dynamics.transformer import CausalTransformer, TransformerConfig
 
     x2, mu = torch.randn(10, 2, dtype=F64), torch.randn(3, 2, dtype=F64)
     lin = CausalTransformer(TransformerConfig(n_out=3, d_in=4))
-    w1 = sc.init_weights([1])
+    w1 = causal_head.init_heads([1])
     return [
         (lambda: project(torch.randn(2, 3, dtype=F64), torch.randn(1, 3, 2, dtype=F64)), ValueError, "x must have 3 dimensions"),
         (lambda: project(torch.randn(2, 4, 3, dtype=F64), torch.randn(1, 2, 2, dtype=F64)), ValueError, "x has width 3 but W reads width 2"),
@@ -259,20 +259,20 @@ def _probe_cases():
         (lambda: geometry.calibration_errors(torch.randn(2, 3, 4, dtype=F64), torch.zeros(2, dtype=F64)), ValueError,
          "bayes_bits must give one entropy per position"),
         (lambda: sc.sample_sequences([]), TypeError, "seeds must be a list of at least 1 integers"),
-        (lambda: sc.init_weights([]), TypeError, "seeds must be a list of at least 1 integers"),
+        (lambda: causal_head.init_heads([]), TypeError, "seeds must be a list of at least 1 integers"),
         (lambda: sc.forward_filter(torch.randn(5, 3, dtype=F64), sc.transition_matrix(), sc.symbol_means()), ValueError,
          "x has width 3 but the symbol means have width 20"),
         (lambda: sc.forward_filter(torch.randn(0, 20, dtype=F64), sc.transition_matrix(), sc.symbol_means()), ValueError,
          "x must have no empty dimension"),
         (lambda: sc.cross_entropy_of(torch.randn(5, 8, dtype=F64), torch.zeros(4, dtype=torch.long)), ValueError, "y must have shape \\(5,\\)"),
-        (lambda: sc.train_naive(0, torch.randn(5, 20), torch.zeros(5, dtype=torch.long), "SGD", -1), ValueError, "n_steps must be an integer >= 0"),
+        (lambda: causal_head.train_reference(0, torch.randn(5, 20), torch.zeros(5, dtype=torch.long), "SGD", -1), ValueError, "n_steps must be an integer >= 0"),
         (lambda: bj.posterior(torch.zeros(2, 3, dtype=torch.long), bj.WindTunnel(4, 3)), ValueError, "tokens must have 7 columns"),
         (lambda: bj.sample_batch(bj.WindTunnel(4, 3), 2, None), TypeError, "generator must be a torch.Generator"),
-        (lambda: blocked.blocked_causal_step(w1, torch.randn(1, 5, 20), torch.full((1, 5), 9, dtype=torch.long)), ValueError,
+        (lambda: causal_head.blocked_causal_step(w1, torch.randn(1, 5, 20), torch.full((1, 5), 9, dtype=torch.long)), ValueError,
          "y must hold class indices in \\[0, 7\\]"),
-        (lambda: blocked.blocked_causal_step(w1, torch.randn(1, 0, 20), torch.zeros(1, 0, dtype=torch.long)), ValueError,
+        (lambda: causal_head.blocked_causal_step(w1, torch.randn(1, 0, 20), torch.zeros(1, 0, dtype=torch.long)), ValueError,
          "x must have no empty dimension"),
-        (lambda: blocked.dense_causal_forward(w1, torch.randn(5, 20)), ValueError, "x must have 3 dimensions"),
+        (lambda: causal_head.dense_causal_forward(w1, torch.randn(5, 20)), ValueError, "x must have 3 dimensions"),
         (lambda: lin(torch.randn(1, 3, 4, dtype=F64)), TypeError, "x has dtype torch.float64 but the model's weights are torch.float32"),
         (lambda: lin(torch.full((1, 3, 4), float("nan"))), ValueError, "x contains NaN"),
         (lambda: lin(torch.randn(1, 0, 4)), ValueError, "x must have no empty dimension"),

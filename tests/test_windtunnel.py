@@ -14,7 +14,9 @@ from attention_dynamics.geometry import (attention_entropy_bits, calibration_err
 from attention_dynamics.tasks.bijection import (WindTunnel, bayes_entropy_bits, posterior, sample_batch,
                                                 supervised_positions)
 from attention_dynamics.transformer import CausalTransformer, TransformerConfig, parameter_groups
-from attention_dynamics.windtunnel import eval_set, law_probe, make_model, measure, train_wind_tunnel
+from attention_dynamics.geometry import measure
+from attention_dynamics.law_probe import law_probe
+from attention_dynamics.windtunnel import WindTunnelConfig
 
 
 def brute_force_posterior(tokens, V, L):
@@ -114,9 +116,8 @@ def test_transformer_paths_agree_and_expose_every_head():
 
 
 def test_short_training_lowers_the_calibration_error_and_probe_is_exact_for_r2():
-    task = WindTunnel(4, 3)
-    ev = eval_set(task, 64)
-    m = make_model(task, d_model=16, n_heads=2, seed=0)
+    cfg = WindTunnelConfig(V=4, L=3, d_model=16, n_heads=2, n_steps=150, batch=64, lr=3e-3, eval_size=64)
+    task, ev, m = cfg.task, cfg.eval_set(), cfg.model()
     before = measure(m, task, ev)["mae_bits"]
     probes = []
     tok, tgt = sample_batch(task, 32, torch.Generator().manual_seed(1))
@@ -125,10 +126,10 @@ def test_short_training_lowers_the_calibration_error_and_probe_is_exact_for_r2()
         if step == 0:
             probes.extend(law_probe(out.info["model"], out.info["optimizer"], task, tok, tgt, sgd_lr=0.1))
 
-    train_wind_tunnel(m, task, 150, batch=64, lr=3e-3, callback=cb, every=200)
+    cfg.train(m, callback=cb, every=200, progress=False)
     after = measure(m, task, ev)
     assert after["mae_bits"] < before
     assert len(after["layers"]) == 2 and len(probes) == 2 * 2
     assert max(p["r2_error"] for p in probes) < 1e-5
     with pytest.raises(ValueError, match="roles must be among"):
-        train_wind_tunnel(m, task, 1, frozen=("keys",))
+        cfg.train(m, frozen=("keys",))

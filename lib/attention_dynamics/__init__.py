@@ -1,9 +1,38 @@
 """attention_dynamics: the library behind the reproducible book of
 *Gradient Dynamics of Attention: How Cross-Entropy Sculpts Bayesian Manifolds*
-(Agarwal, Dalal, Misra, arXiv:2512.22473).
+(Agarwal, Dalal, Misra, arXiv:2512.22473). A map, module by module:
 
-Modules: ``head`` (forward pass), ``laws`` (closed-form backward, R1-R3), ``readout``
-(cross-entropy read-out), ``checks`` (argument validation), ``records`` (numbers a
-notebook records), ``runner`` (executes the notebooks), ``plotting``.
+One attention head
+    head            the forward pass: scores, attention, outputs; parameters; heads split and merged
+    laws            the closed-form backward pass (R1 routing, R2 values, R3 queries and keys)
+    readout         the linear cross-entropy read-out and its gradient u = dL/dg
+    gradcheck       the closed forms against autograd, and the first-order remainder (R4)
+
+Training and its two timescales
+    training        one training loop, pluggable update rules, roles and the EM-style schedule
+    em              attention as EM (R6): mixtures, textbook EM, the head's E- and M-steps
+
+Models
+    causal_head     the single causal head of the sticky-chain protocol (R7), fast and reference
+    transformer     one small causal transformer and the one way it trains (fit)
+    windtunnel      the wind-tunnel experiment's settings, model and training (R8)
+
+Tasks and their exact posteriors (attention_dynamics.tasks)
+    tasks.clusters      queries from clusters reading a memory of slots (R5, R6)
+    tasks.sticky_chain  the sticky Markov chain and its Bayes floors (R7)
+    tasks.bijection     the bijection wind tunnel and its exact posterior (R8)
+
+Measurements
+    specialization  routing and content specializing together (R5)
+    geometry        calibration and the geometry of a trained transformer (R8)
+    law_probe       the two laws inside a trained transformer (R8)
+    stats           slopes, spreads, first steps below a threshold, settling times
+
+Support
+    validation      argument checks whose errors name the argument and the allowed range
+    plotting        the book's look and the figures chapters share
+
+The book machinery lives apart, in attention_dynamics.book (runner, profiles, provenance,
+records, scorecard, build); a reader of the science never needs to open it.
 """
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -1,6 +1,7 @@
-"""Geometric statistics of a trained transformer (R8): the value manifold, the key frame,
-attention focusing, and calibration against an exact posterior. All in bits where an
-entropy is involved."""
+"""Geometric statistics of a trained transformer (R8; chapters *Calibration: the model
+against the exact posterior* and *Geometry over training*): the value manifold, the key
+frame, attention focusing, and calibration against an exact posterior. All in bits where
+an entropy is involved."""
 from __future__ import annotations
 
 import math
@@ -9,7 +10,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .checks import check_int, check_tensor
+from .tasks.bijection import supervised_positions
+from .validation import check_int, check_tensor
 
 __all__ = [
     "entropy_bits",
@@ -19,6 +21,7 @@ __all__ = [
     "random_frame_abs_cosine",
     "key_orthogonality",
     "attention_entropy_bits",
+    "measure",
 ]
 
 LOG2E = 1 / math.log(2)
@@ -121,3 +124,45 @@ def attention_entropy_bits(weights: Tensor) -> Tensor:
     from .laws import attention_entropy
 
     return attention_entropy(weights) * LOG2E
+
+
+def measure(model, task, ev, *, geometry: bool = True) -> dict:
+    """A wind-tunnel model (:mod:`attention_dynamics.windtunnel`) measured on an evaluation
+    set (:class:`attention_dynamics.tasks.bijection.EvalSet`): calibration against the exact
+    posterior (bits) and, with ``geometry``, per layer: value-manifold PC shares and
+    the best head's rank correlation of the leading value coordinate with the Bayes
+    entropy, key orthogonality against the random baseline, and attention entropy by
+    supervised position (bits), averaged over heads."""
+    from .transformer import evaluating
+    from .windtunnel import supervised_log_probs
+
+    with evaluating(model):
+        logp, traces = supervised_log_probs(model, ev.tokens, task, inspect=geometry)
+    cal = calibration_errors(logp, ev.bayes_bits, ev.posterior)
+    out = {"mae_bits": float(cal["mae"]), "model_bits": cal["model_bits"].numpy(),
+           "abs_error_bits": cal["abs_error_bits"].numpy(), "kl_bits": cal["kl_bits"].numpy(),
+           "loss": float(torch.nn.functional.nll_loss(logp.reshape(-1, task.V), ev.targets.reshape(-1)))}
+    if not geometry:
+        return out
+    pos = supervised_positions(task)
+    key_pos = torch.arange(0, 2 * task.L, 2)
+    layers = []
+    for tr in traces:
+        H = tr.v.shape[1]
+        shares, rhos, orth, attn = [], [], [], []
+        for h in range(H):
+            vals = tr.v[:, h][:, pos].reshape(-1, tr.v.shape[-1])  # values at the supervised positions
+            shares.append(pc_shares(vals, 3))
+            rhos.append(spearman(leading_coordinate(vals).numpy(), ev.pos_bits.reshape(-1).numpy()))
+            keys = tr.k[:, h][:, key_pos].reshape(-1, tr.k.shape[-1])
+            orth.append(key_orthogonality(keys, ev.tokens[:, key_pos].reshape(-1), task.V))
+            attn.append(attention_entropy_bits(tr.attention.weights[:, h][:, pos]).mean(0).numpy())
+        best = int(np.argmax(np.abs(rhos)))
+        layers.append({
+            "pc_shares": np.mean(shares, 0), "rho_best": float(abs(rhos[best])), "rho_best_head": best,
+            "rho_mean": float(np.mean(np.abs(rhos))), "key_abs_cos": float(np.mean([o[0] for o in orth])),
+            "key_abs_cos_random": float(orth[0][1]), "attention_bits": np.mean(attn, 0),
+            "attention_maps": tr.attention.weights[:, :, pos].mean(0).numpy(),  # (H, P, T) mean over samples
+        })
+    out["layers"] = layers
+    return out

@@ -1,7 +1,8 @@
-"""The closed-form backward (R1-R3) against torch autograd, on one configuration.
-
-Used by the routing-law chapter (many random configurations) and by the property-based
-tests (configurations drawn by hypothesis): one comparison, two callers.
+"""The closed-form backward (R1-R3) checked two ways: against torch autograd on one
+configuration (:func:`compare_with_autograd`; the routing-law chapter runs it on many random
+configurations, the property-based tests on configurations drawn by hypothesis), and
+through the remainder of the first-order loss prediction (:func:`first_order_remainders`,
+R4; chapter *Responsibility-weighted values and first-order descent*).
 """
 from __future__ import annotations
 
@@ -10,12 +11,12 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from .checks import check_choice, check_int
-from .head import HeadParams, attend, init_head, merge_heads
-from .laws import attention_backward, head_backward, head_forward
-from .readout import cross_entropy_readout, split_heads
+from .validation import check_choice, check_int
+from .head import HeadParams, attend, head_forward, init_head, merge_heads, split_heads
+from .laws import attention_backward, head_backward, loss_and_gradients
+from .readout import cross_entropy_readout
 
-__all__ = ["GradConfig", "random_config", "compare_with_autograd", "LOSSES"]
+__all__ = ["GradConfig", "random_config", "compare_with_autograd", "LOSSES", "first_order_remainders"]
 
 LOSSES = ("cross_entropy", "smooth")
 
@@ -139,3 +140,33 @@ def compare_with_autograd(cfg: GradConfig, seed: int) -> dict[str, tuple[float, 
         if ro_cf is not None:
             errors["W_O"] = _err(ro_cf.grad_W_O, leaves["W_O"].grad)
     return errors
+
+
+def first_order_remainders(params: HeadParams, x: torch.Tensor, y: torch.Tensor, etas, *, causal: bool = True
+                           ) -> dict[str, dict[str, np.ndarray]]:
+    """R4 on one head: the loss change of a gradient step of each size in ``etas``, its
+    first-order prediction and the remainder r(eta) = change - prediction, for two steps:
+
+    - 'scores and values': s <- s - eta dL/ds, v <- v - eta dL/dv with the closed forms of
+      R1 and R2, predicted change -eta (||dL/ds||^2 + ||dL/dv||^2);
+    - 'parameters': every weight matrix <- W - eta dL/dW (R1-R3), predicted -eta ||grad||^2.
+
+    Returns {step: {"actual": (n,), "predicted": (n,), "remainder": (n,)}}."""
+    etas = np.asarray(etas, dtype=float)
+    loss0, grads, state, _, ag = loss_and_gradients(params, x, y, causal=causal)
+    L0 = float(loss0)
+    sq_sv = float((ag.scores**2).sum() + (ag.v**2).sum())
+    sq_w = sum(float((t**2).sum()) for t in grads.values())
+    actual = {"scores and values": [], "parameters": []}
+    for eta in etas:
+        s = state.attention.scores - eta * ag.scores
+        g = torch.softmax(s, -1) @ (state.v - eta * ag.v)
+        actual["scores and values"].append(float(cross_entropy_readout(merge_heads(g), params.W_O, y).loss) - L0)
+        stepped = HeadParams(**{n: t - eta * grads[n] for n, t in params.as_dict().items()})
+        actual["parameters"].append(float(loss_and_gradients(stepped, x, y, causal=causal)[0]) - L0)
+    out = {}
+    for name, sq in (("scores and values", sq_sv), ("parameters", sq_w)):
+        a, pred = np.array(actual[name]), -etas * sq
+        out[name] = {"actual": a, "predicted": pred, "remainder": a - pred}
+    return out
+

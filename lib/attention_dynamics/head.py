@@ -16,9 +16,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .checks import NonFiniteError, check_bool, check_dtype, check_float, check_int, check_same_dtype_device, check_tensor
+from .validation import NonFiniteError, check_bool, check_dtype, check_float, check_int, check_same_dtype_device, check_tensor
 
-__all__ = ["Attention", "allowed_keys", "attend", "HeadParams", "init_head", "project", "merge_heads"]
+__all__ = ["Attention", "allowed_keys", "attend", "HeadParams", "init_head", "init_memory_head", "project", "merge_heads",
+           "split_heads", "HeadState", "head_forward"]
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,7 @@ def attend(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_mask: T
     ``scale`` defaults to 1/sqrt(d_k) as in the digest. Every query needs at least one
     visible key, so no dimension may be empty (no queries, no keys, d_k = 0 or an empty
     batch are refused by name). Finite inputs whose scores overflow the dtype raise
-    :class:`~attention_dynamics.checks.NonFiniteError` instead of returning NaN weights.
+    :class:`~attention_dynamics.validation.NonFiniteError` instead of returning NaN weights.
     """
     check_tensor("q", q, min_ndim=2)
     check_tensor("k", k, min_ndim=2)
@@ -160,6 +161,35 @@ def init_head(d_x: int, d_k: int, d_v: int, n_classes: int, *, heads: int = 1, s
     return HeadParams(draw(heads, d_x, d_k), draw(heads, d_m, d_k), draw(heads, d_m, d_v), draw(heads * d_v, n_classes))
 
 
+def init_memory_head(d_x: int, n_slots: int, n_classes: int, d_k: int = 4, d_v: int = 4, *, std: float = 0.1,
+                     seed: int = 0, symmetric: float | None = None, dtype=torch.float64) -> dict[str, Tensor]:
+    """One head reading a memory of ``n_slots`` one-hot slots, so that slot j's key and value
+    are free vectors (row j of W_K and of W_V); parameters as a dict for the training loop,
+    drawn N(0, std^2) in the order W_Q, W_K, W_V, W_O. ``symmetric=eps``: every slot starts
+    from the same key and value plus a perturbation of relative size eps, the nearly
+    symmetric start of the symmetry-breaking experiment (chapter *Routing and content
+    specialize together*)."""
+    d_x = check_int("d_x", d_x, 1, 4096)
+    M = check_int("n_slots", n_slots, 1, 4096)
+    K = check_int("n_classes", n_classes, 1, 4096)
+    d_k = check_int("d_k", d_k, 1, 4096)
+    d_v = check_int("d_v", d_v, 1, 4096)
+    std = check_float("std", std, 0.0, None, low_open=True)
+    dt = check_dtype("dtype", dtype)
+    g = torch.Generator().manual_seed(check_int("seed", seed, 0, None))
+
+    def draw(*shape):
+        return torch.randn(*shape, generator=g, dtype=dt) * std
+
+    W_Q, W_K, W_V, W_O = draw(1, d_x, d_k), draw(1, M, d_k), draw(1, M, d_v), draw(d_v, K)
+    if symmetric is not None:
+        eps = check_float("symmetric", symmetric, 0.0, None)
+        W_K = W_K[:, :1].expand(1, M, d_k) + eps * draw(1, M, d_k)
+        W_V = W_V[:, :1].expand(1, M, d_v) + eps * draw(1, M, d_v)
+    HeadParams(W_Q, W_K, W_V, W_O)  # validates the shapes
+    return {"W_Q": W_Q.clone(), "W_K": W_K.clone(), "W_V": W_V.clone(), "W_O": W_O.clone()}
+
+
 def project(x: Tensor, W: Tensor) -> Tensor:
     """(B, T, d_x) @ (H, d_x, d) -> (B, H, T, d): one projection per head."""
     check_tensor("x", x, ndim=3)
@@ -175,3 +205,57 @@ def merge_heads(g: Tensor) -> Tensor:
     check_tensor("g", g, ndim=4, finite=False)
     B, H, T, d_v = g.shape
     return g.transpose(1, 2).reshape(B, T, H * d_v)
+
+
+def split_heads(u_merged: Tensor, heads: int) -> Tensor:
+    """(B, T, H * d_v) -> (B, H, T, d_v), the inverse of :func:`merge_heads`."""
+    check_tensor("u_merged", u_merged, ndim=3, finite=False)
+    check_int("heads", heads, 1, None)
+    B, T, Hd = u_merged.shape
+    if Hd % heads:
+        raise ValueError(f"u_merged's width {Hd} is not a multiple of heads = {heads}")
+    return u_merged.reshape(B, T, heads, Hd // heads).transpose(1, 2)
+
+
+@dataclass(frozen=True)
+class HeadState:
+    """The forward pass of H heads: queries from x (B, T, d_x), keys and values from
+    ``memory`` (B, S, d_m), which is x itself for self-attention."""
+
+    x: Tensor
+    memory: Tensor
+    q: Tensor  # (B, H, T, d_k)
+    k: Tensor  # (B, H, S, d_k)
+    v: Tensor  # (B, H, S, d_v)
+    attention: Attention
+    merged: Tensor  # (B, T, H * d_v)
+
+
+def head_forward(params: HeadParams, x: Tensor, *, memory: Tensor | None = None, causal: bool = False,
+                 key_mask: Tensor | None = None) -> HeadState:
+    """Project to queries, keys and values for every head and attend.
+
+    ``memory``: optional (B, S, d_m) inputs of the keys and values (default: x).
+    ``key_mask``: optional bool (B, S), True at real (non-padding) keys.
+    """
+    check_tensor("x", x, ndim=3, nonempty=True)
+    check_same_dtype_device(x=x, W_Q=params.W_Q)
+    if x.shape[-1] != params.W_Q.shape[1]:
+        raise ValueError(f"x has width {x.shape[-1]} but the head expects d_x = {params.W_Q.shape[1]}")
+    if memory is None:
+        memory = x
+    else:
+        check_tensor("memory", memory, ndim=3, nonempty=True)
+        check_same_dtype_device(x=x, memory=memory)
+        if memory.shape[0] != x.shape[0]:
+            raise ValueError(f"memory must have the batch size {x.shape[0]} of x, got shape {tuple(memory.shape)}")
+    if memory.shape[-1] != params.W_K.shape[1]:
+        raise ValueError(f"the keys read width {memory.shape[-1]} but the head expects d_m = {params.W_K.shape[1]}")
+    if key_mask is not None:
+        check_tensor("key_mask", key_mask, ndim=2, kind="bool")
+        if key_mask.shape != memory.shape[:2]:
+            raise ValueError(f"key_mask must have shape (B, S) = {tuple(memory.shape[:2])}, got {tuple(key_mask.shape)}")
+        key_mask = key_mask[:, None, :]  # broadcast over heads
+    q, k, v = project(x, params.W_Q), project(memory, params.W_K), project(memory, params.W_V)
+    att = attend(q, k, v, causal=causal, key_mask=key_mask)
+    return HeadState(x=x, memory=memory, q=q, k=k, v=v, attention=att, merged=merge_heads(att.output))

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .checks import check_same_dtype_device, check_tensor
-from .head import Attention, HeadParams, attend, merge_heads, project
-from .readout import Readout, cross_entropy_readout, split_heads
+from .validation import check_same_dtype_device, check_tensor
+from .head import Attention, HeadParams, HeadState, head_forward, split_heads
+from .readout import Readout, cross_entropy_readout
 
 __all__ = [
     "compatibility",
@@ -31,15 +31,15 @@ __all__ = [
     "attention_entropy",
     "AttentionGrads",
     "attention_backward",
-    "HeadState",
-    "head_forward",
     "head_backward",
     "loss_and_gradients",
+    "head_loss_fn",
 ]
 
 
 def compatibility(u: Tensor, v: Tensor) -> Tensor:
-    """b_ij = u_i . v_j: how much the loss would rise per unit of attention from i to j."""
+    """b_ij = u_i . v_j: how much the loss would rise per unit of attention from i to j
+    (chapter *The advantage-based routing law*)."""
     return u @ v.transpose(-1, -2)
 
 
@@ -50,17 +50,20 @@ def expected_compatibility(weights: Tensor, b: Tensor) -> Tensor:
 
 
 def advantage(weights: Tensor, b: Tensor) -> Tensor:
-    """b_ij - E_{alpha_i}[b]: negative where key j is better than the query's average."""
+    """b_ij - E_{alpha_i}[b]: negative where key j is better than the query's average
+    (chapter *The advantage-based routing law*)."""
     return b - expected_compatibility(weights, b)
 
 
 def routing_gradient(weights: Tensor, b: Tensor) -> Tensor:
-    """R1: dL/ds_ij = alpha_ij (b_ij - E_{alpha_i}[b]); rows sum to zero."""
+    """R1: dL/ds_ij = alpha_ij (b_ij - E_{alpha_i}[b]); rows sum to zero (chapter *The
+    advantage-based routing law*)."""
     return torch.where(weights > 0, weights * advantage(weights, b), torch.zeros((), dtype=b.dtype))
 
 
 def value_gradient(weights: Tensor, u: Tensor) -> Tensor:
-    """R2: dL/dv_j = sum_i alpha_ij u_i, the responsibility-weighted error signal."""
+    """R2: dL/dv_j = sum_i alpha_ij u_i, the responsibility-weighted error signal (chapter
+    *Responsibility-weighted values and first-order descent*)."""
     return weights.transpose(-1, -2) @ u
 
 
@@ -91,7 +94,8 @@ class AttentionGrads:
 
 
 def attention_backward(att: Attention, q: Tensor, k: Tensor, v: Tensor, u: Tensor) -> AttentionGrads:
-    """The whole backward pass of ``attend`` from an upstream gradient u = dL/dg."""
+    """The whole backward pass of ``attend`` from an upstream gradient u = dL/dg: R1-R3
+    (chapter *The advantage-based routing law*)."""
     check_tensor("u", u, min_ndim=2)
     check_same_dtype_device(q=q, u=u)
     if u.shape != att.output.shape:
@@ -105,50 +109,6 @@ def attention_backward(att: Attention, q: Tensor, k: Tensor, v: Tensor, u: Tenso
         k=key_gradient(ds, q, att.scale),
         v=value_gradient(att.weights, u),
     )
-
-
-@dataclass(frozen=True)
-class HeadState:
-    """The forward pass of H heads: queries from x (B, T, d_x), keys and values from
-    ``memory`` (B, S, d_m), which is x itself for self-attention."""
-
-    x: Tensor
-    memory: Tensor
-    q: Tensor  # (B, H, T, d_k)
-    k: Tensor  # (B, H, S, d_k)
-    v: Tensor  # (B, H, S, d_v)
-    attention: Attention
-    merged: Tensor  # (B, T, H * d_v)
-
-
-def head_forward(params: HeadParams, x: Tensor, *, memory: Tensor | None = None, causal: bool = False,
-                 key_mask: Tensor | None = None) -> HeadState:
-    """Project to queries, keys and values for every head and attend.
-
-    ``memory``: optional (B, S, d_m) inputs of the keys and values (default: x).
-    ``key_mask``: optional bool (B, S), True at real (non-padding) keys.
-    """
-    check_tensor("x", x, ndim=3, nonempty=True)
-    check_same_dtype_device(x=x, W_Q=params.W_Q)
-    if x.shape[-1] != params.W_Q.shape[1]:
-        raise ValueError(f"x has width {x.shape[-1]} but the head expects d_x = {params.W_Q.shape[1]}")
-    if memory is None:
-        memory = x
-    else:
-        check_tensor("memory", memory, ndim=3, nonempty=True)
-        check_same_dtype_device(x=x, memory=memory)
-        if memory.shape[0] != x.shape[0]:
-            raise ValueError(f"memory must have the batch size {x.shape[0]} of x, got shape {tuple(memory.shape)}")
-    if memory.shape[-1] != params.W_K.shape[1]:
-        raise ValueError(f"the keys read width {memory.shape[-1]} but the head expects d_m = {params.W_K.shape[1]}")
-    if key_mask is not None:
-        check_tensor("key_mask", key_mask, ndim=2, kind="bool")
-        if key_mask.shape != memory.shape[:2]:
-            raise ValueError(f"key_mask must have shape (B, S) = {tuple(memory.shape[:2])}, got {tuple(key_mask.shape)}")
-        key_mask = key_mask[:, None, :]  # broadcast over heads
-    q, k, v = project(x, params.W_Q), project(memory, params.W_K), project(memory, params.W_V)
-    att = attend(q, k, v, causal=causal, key_mask=key_mask)
-    return HeadState(x=x, memory=memory, q=q, k=k, v=v, attention=att, merged=merge_heads(att.output))
 
 
 def head_backward(params: HeadParams, state: HeadState, u: Tensor) -> tuple[dict[str, Tensor], AttentionGrads]:
@@ -174,3 +134,28 @@ def loss_and_gradients(params: HeadParams, x: Tensor, y: Tensor, *, memory: Tens
     grads, g = head_backward(params, state, split_heads(ro.u, params.W_Q.shape[0]))
     grads["W_O"] = ro.grad_W_O
     return ro.loss, grads, state, ro, g
+
+
+def head_loss_fn(x: Tensor, y: Tensor, *, memory: Tensor | None = None, causal: bool = False,
+                 key_mask: Tensor | None = None):
+    """A loss function for :func:`attention_dynamics.training.train`: the head's mean
+    cross-entropy on fixed inputs, with all four gradients in closed form (R1-R3).
+
+    ``out.info`` carries what the measurements of the specialization and EM chapters read:
+    ``alpha`` (B, H, T, S), ``b`` (the compatibilities), ``u`` (B, H, T, d_v), ``scores``,
+    ``grad_scores``, ``values`` (B, H, S, d_v), ``log_probs`` (B, T, C), and
+    ``responsibility``, N_j = sum_i alpha_ij summed over the batch, (H, S): the shape of
+    W_V's rows when the memory is one one-hot slot per key, as the prototype M-step needs."""
+    from .training import StepOutput
+
+    def loss_fn(p: dict[str, Tensor]) -> StepOutput:
+        loss, grads, state, ro, ag = loss_and_gradients(HeadParams(**p), x, y, memory=memory, causal=causal,
+                                                        key_mask=key_mask)
+        alpha = state.attention.weights
+        info = {"alpha": alpha, "b": ag.compatibility, "u": split_heads(ro.u, alpha.shape[1]),
+                "scores": state.attention.scores, "grad_scores": ag.scores, "values": state.v,
+                "log_probs": ro.log_probs, "responsibility": alpha.sum((0, 2))}
+        return StepOutput(loss, grads, info)
+
+    return loss_fn
+

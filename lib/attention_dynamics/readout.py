@@ -9,9 +9,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .checks import NonFiniteError, check_int, check_same_dtype_device, check_tensor
+from .validation import NonFiniteError, check_same_dtype_device, check_tensor
 
-__all__ = ["Readout", "cross_entropy_readout", "split_heads"]
+__all__ = ["Readout", "cross_entropy_readout"]
 
 
 @dataclass(frozen=True)
@@ -62,13 +62,3 @@ def cross_entropy_readout(g: Tensor, W_O: Tensor, y: Tensor, *, mask: Tensor | N
     u = grad_logits @ W_O.T
     grad_W_O = g.reshape(-1, g.shape[-1]).T @ grad_logits.reshape(-1, C)
     return Readout(loss, logits, log_probs, grad_logits, u, grad_W_O)
-
-
-def split_heads(u_merged: Tensor, heads: int) -> Tensor:
-    """(B, T, H * d_v) -> (B, H, T, d_v), the inverse of head.merge_heads."""
-    check_tensor("u_merged", u_merged, ndim=3, finite=False)
-    check_int("heads", heads, 1, None)
-    B, T, Hd = u_merged.shape
-    if Hd % heads:
-        raise ValueError(f"u_merged's width {Hd} is not a multiple of heads = {heads}")
-    return u_merged.reshape(B, T, heads, Hd // heads).transpose(1, 2)

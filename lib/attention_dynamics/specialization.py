@@ -1,15 +1,20 @@
-"""Measures of routing and content specializing together (R5)."""
+"""Measures of routing and content specializing together (R5; chapter *Routing and content
+specialize together*): which value serves which cluster of queries, whether each value step
+points along its users' error signals, and whether attention moves the way the routing law
+says, along training and against the step size."""
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 from torch import Tensor
 
-from .checks import check_int, check_tensor
-from .laws import advantage
+from .validation import check_int, check_tensor
+from .laws import advantage, attention_entropy
 
-__all__ = ["cluster_usage", "value_cluster_shares", "specialization_index", "advantage_sign_agreement"]
+__all__ = ["cluster_usage", "value_cluster_shares", "specialization_index", "advantage_sign_agreement",
+           "error_prototypes", "prototype_alignment", "step_size_probe", "SpecializationObserver", "break_symmetry"]
 
 
 def _check_clusters(alpha: Tensor, cluster: Tensor, n_clusters: int) -> None:
@@ -67,3 +72,92 @@ def advantage_sign_agreement(alpha_t: Tensor, b_t: Tensor, change: Tensor, *, re
     agree = (torch.sign(change) == -torch.sign(adv))[keep].to(alpha_t.dtype)
     w = (alpha_t * adv.abs())[keep]
     return float(agree.mean()), float((agree * w).sum() / w.sum()), int(keep.sum())
+
+
+def error_prototypes(u: Tensor, cluster: Tensor, n_clusters: int) -> Tensor:
+    """(K, d_v): each cluster's summed negative error signal -sum_{i in c} u_i, the direction
+    R2 moves a value that cluster c uses."""
+    return torch.stack([-u[cluster == c].sum(0) for c in range(n_clusters)])
+
+
+def prototype_alignment(alpha: Tensor, u: Tensor, grad_v: Tensor, cluster: Tensor, n_clusters: int) -> float:
+    """Cosine between each value's step -dL/dv_j and the error prototype of the cluster
+    that uses it most, averaged with weights N_j (R2 seen cluster by cluster)."""
+    shares, N = value_cluster_shares(alpha, cluster, n_clusters)
+    proto = error_prototypes(u, cluster, n_clusters)
+    cos = torch.nn.functional.cosine_similarity(-grad_v, proto[shares.argmax(1)], dim=1)
+    return float((N * cos).sum() / N.sum())
+
+
+def step_size_probe(loss_fn, params: dict[str, Tensor], out, etas) -> list[dict]:
+    """From one state, one gradient step of each size in ``etas``: how often the change of
+    alpha follows -sign(advantage), for the real step through W_Q and W_K and for the same
+    step taken on free scores (where R1 holds for the scores by construction). ``loss_fn``
+    is a :func:`attention_dynamics.laws.head_loss_fn` of one sequence and one head."""
+    a0, b0 = out.info["alpha"][0, 0], out.info["b"][0, 0]
+    scores, grad_scores = out.info["scores"][0, 0], out.info["grad_scores"][0, 0]
+    rows = []
+    for eta in etas:
+        moved = {n: t - eta * out.grads[n] for n, t in params.items()}
+        a1 = loss_fn(moved).info["alpha"][0, 0]
+        rate, wrate, n = advantage_sign_agreement(a0, b0, a1 - a0)
+        a1_free = torch.softmax(scores - eta * grad_scores, 1)
+        frate, fwrate, _ = advantage_sign_agreement(a0, b0, a1_free - a0)
+        rows.append(dict(eta=eta, agreement=rate, weighted=wrate, free_agreement=frate, free_weighted=fwrate, n=n))
+    return rows
+
+
+class SpecializationObserver:
+    """The training callback of the specialization chapter. At every checkpoint: the mean
+    attention entropy (nats), the specialization index, the prototype alignment of the
+    value steps, and the sign agreement of the training step just taken (from the previous
+    checkpoint, so call it at every step); at ``probe_steps`` the step-size probe; at
+    ``snapshot_steps`` the attention, the values and the error prototypes."""
+
+    def __init__(self, loss_fn, cluster: Tensor, n_clusters: int, *, probe_steps=(), probe_lrs=(),
+                 snapshot_steps=()):
+        self.loss_fn, self.cluster, self.K = loss_fn, cluster, n_clusters
+        self.probe_steps, self.probe_lrs, self.snapshot_steps = set(probe_steps), list(probe_lrs), set(snapshot_steps)
+        self._prev: tuple[Tensor, Tensor] | None = None  # alpha and b at the previous step
+
+    def __call__(self, step: int, p: dict[str, Tensor], out) -> dict:
+        a, b, u = out.info["alpha"][0, 0], out.info["b"][0, 0], out.info["u"][0, 0]
+        r = {"entropy": float(attention_entropy(a).mean()), "si": specialization_index(a, self.cluster, self.K),
+             "alignment": prototype_alignment(a, u, out.grads["W_V"][0], self.cluster, self.K)}
+        if self._prev is not None:
+            a_prev, b_prev = self._prev
+            r["step_agreement"], r["step_weighted"], _ = advantage_sign_agreement(a_prev, b_prev, a - a_prev)
+        self._prev = (a.clone(), b.clone())
+        if step in self.probe_steps:
+            r["probe"] = step_size_probe(self.loss_fn, p, out, self.probe_lrs)
+        if step in self.snapshot_steps:
+            r.update(alpha=a.clone(), values=p["W_V"][0].clone(), prototypes=error_prototypes(u, self.cluster, self.K))
+        return r
+
+
+def break_symmetry(task, params: dict[str, Tensor], lr: float, n_steps: int, *, specialized_at: float,
+                   every: int = 5) -> dict:
+    """Train a head from a (nearly) symmetric start on the cluster task with plain gradient
+    descent and follow the spread of its values ||V - mean(V)|| and the specialization index.
+    Returns the checkpoint steps, the spread and index along them, the first step with index
+    >= ``specialized_at`` (None if never), the final index, which value each cluster ends up
+    using most (``winners``), and the final loss."""
+    from .laws import head_loss_fn
+    from .stats import first_true
+    from .training import SGD, train
+
+    K = task.n_clusters
+
+    def watch(step, p, out):
+        V, alpha = p["W_V"][0], out.info["alpha"][0, 0]
+        return {"spread": float((V - V.mean(0)).norm()), "si": specialization_index(alpha, task.cluster, K),
+                "usage": cluster_usage(alpha, task.cluster, K)}
+
+    loss_fn = head_loss_fn(task.x[None], task.cluster[None], memory=task.memory[None])
+    h = train(params, loss_fn, SGD(lr), n_steps, callback=watch, every=every)
+    steps, spread = h.series("spread")
+    si = np.array(h.series("si")[1])
+    return {"steps": steps, "spread": np.array(spread), "si": si,
+            "steps_to_specialize": first_true(si >= specialized_at, steps=steps), "final_si": float(si[-1]),
+            "winners": h.last()["usage"].argmax(1).tolist(), "final_loss": float(h.loss[-1])}
+

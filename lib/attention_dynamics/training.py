@@ -4,14 +4,20 @@ A *loss function* maps the parameters (a dict of tensors) to a :class:`StepOutpu
 loss (a scalar, or one value per independent run stacked on a leading dimension), the
 gradients (closed form or autograd) and any extra information an update rule or a probe
 needs. An *update rule* changes the parameters in place from the gradients. The loop
-evaluates, records, checks for divergence and steps:
+evaluates, calls a checkpoint callback, checks for divergence and steps:
 
     history = train(params, loss_fn, SGD(0.01), n_steps=1000)
 
-Rules: :class:`SGD` (one learning rate, or one per parameter: the EM-style schedule is
-SGD with a faster rate on the values, see :func:`em_style`), :class:`PrototypeMStep`
-(values jump by the closed-form 1/N_j step of R6), :class:`TorchOptimizer` (any
-``torch.optim`` optimizer, for the transformer).
+Rules: :class:`SGD` (one learning rate, or one per parameter), :class:`PrototypeMStep`
+(values jump by the closed-form 1/N_j step of R6), :class:`NormalizedValueStep`,
+:class:`TorchOptimizer` (any ``torch.optim`` optimizer, for the transformer).
+
+**Roles.** Every parameter has one of three roles, the same words for a single head and
+for the transformer (:func:`attention_dynamics.transformer.parameter_groups`): ``routing``
+(the query and key maps, which decide the attention weights: the E-step), ``values`` (the
+value maps: the M-step) and ``other`` (the read-out and everything else). The EM-style
+schedule of the paper (R6, R7) is :func:`em_style`: the values at a fast rate, every other
+parameter at a slow one.
 """
 from __future__ import annotations
 
@@ -22,16 +28,17 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .checks import NonFiniteError, check_float, check_int
+from .validation import NonFiniteError, check_float, check_int
 
 __all__ = [
     "StepOutput",
     "TrainingDiverged",
     "UpdateRule",
     "SGD",
+    "ROLES",
+    "HEAD_ROLES",
     "em_style",
-    "ROUTING",
-    "CONTENT",
+    "head_rates",
     "PrototypeMStep",
     "NormalizedValueStep",
     "TorchOptimizer",
@@ -39,8 +46,8 @@ __all__ = [
     "train",
 ]
 
-ROUTING = ("W_Q", "W_K", "W_O")  # the "hypothesis frame" and the read-out
-CONTENT = ("W_V",)  # the values
+ROLES = ("routing", "values", "other")
+HEAD_ROLES = {"W_Q": "routing", "W_K": "routing", "W_V": "values", "W_O": "other"}  # a single head's parameters
 
 
 @dataclass
@@ -95,10 +102,22 @@ class SGD:
                 params[name].sub_(self.rate(name, params[name]) * g)
 
 
-def em_style(routing_lr: float, content_lr: float) -> SGD:
-    """The EM-style schedule of the paper: the values (W_V) at ``content_lr``, the routing
-    (W_Q, W_K) and the read-out (W_O) at ``routing_lr``."""
-    return SGD({**{n: routing_lr for n in ROUTING}, **{n: content_lr for n in CONTENT}})
+def em_style(slow_lr, value_lr) -> dict[str, float]:
+    """The EM-style schedule of the paper (R6, R7), as a learning rate per role: the values
+    at ``value_lr`` (the M-step, fast), the routing and every other parameter at
+    ``slow_lr`` (the authors' script updates W_Q, W_K and the read-out W_O at the slow rate).
+    Plain SGD is ``em_style(lr, lr)``. Rates may be tensors of shape (R,), one per batched
+    run. Chapters *Attention as a two-timescale EM algorithm* and *The sticky Markov chain*."""
+    return {"routing": slow_lr, "values": value_lr, "other": slow_lr}
+
+
+def head_rates(rates_by_role: Mapping[str, float | Tensor]) -> dict[str, float | Tensor]:
+    """Rates by role -> rates by the parameter names of a single head (W_Q, W_K, W_V, W_O),
+    for :class:`SGD`."""
+    missing = [r for r in ROLES if r not in rates_by_role]
+    if missing:
+        raise ValueError(f"rates_by_role must give a rate for every role {list(ROLES)}; missing {missing}")
+    return {name: rates_by_role[role] for name, role in HEAD_ROLES.items()}
 
 
 class PrototypeMStep:
@@ -157,15 +176,18 @@ class NormalizedValueStep:
 
 class TorchOptimizer:
     """Wraps a torch.optim optimizer (gradients already in ``.grad``), with optional
-    gradient-norm clipping and a learning-rate scheduler stepped after each update."""
+    gradient-norm clipping (over ``clip_params`` in their order, by default the
+    optimizer's) and a learning-rate scheduler stepped after each update."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, *, scheduler=None, clip_norm: float | None = None):
+    def __init__(self, optimizer: torch.optim.Optimizer, *, scheduler=None, clip_norm: float | None = None,
+                 clip_params: list[Tensor] | None = None):
         self.optimizer, self.scheduler = optimizer, scheduler
         self.clip_norm = None if clip_norm is None else check_float("clip_norm", clip_norm, 0.0, None, low_open=True)
+        self.clip_params = clip_params or [p for group in optimizer.param_groups for p in group["params"]]
 
     def __call__(self, params, out, step):
         if self.clip_norm is not None:
-            torch.nn.utils.clip_grad_norm_([p for group in self.optimizer.param_groups for p in group["params"]], self.clip_norm)
+            torch.nn.utils.clip_grad_norm_(self.clip_params, self.clip_norm)
         self.optimizer.step()
         if self.scheduler is not None:
             self.scheduler.step()
@@ -174,12 +196,21 @@ class TorchOptimizer:
 @dataclass
 class History:
     loss: np.ndarray  # (n_steps + 1,) or (n_steps + 1, R): loss before each update, and after the last
-    records: list[tuple[int, Any]]  # (step, whatever the callback returned) at every ``every`` steps
+    checkpoints: list[tuple[int, Any]]  # (step, whatever the callback returned) at every ``every`` steps
 
-    def recorded(self, key: str) -> tuple[np.ndarray, list]:
-        """Steps and values of one key of dict-valued records."""
-        steps = np.array([s for s, r in self.records if key in r])
-        return steps, [r[key] for s, r in self.records if key in r]
+    def series(self, key: str) -> tuple[np.ndarray, list]:
+        """Steps and values of one key of dict-valued checkpoints (those that have it)."""
+        steps = np.array([s for s, c in self.checkpoints if key in c])
+        return steps, [c[key] for s, c in self.checkpoints if key in c]
+
+    @property
+    def steps(self) -> np.ndarray:
+        """The steps of all checkpoints."""
+        return np.array([s for s, _ in self.checkpoints])
+
+    def last(self):
+        """What the callback returned at the last checkpoint."""
+        return self.checkpoints[-1][1]
 
 
 def _check_finite(step: int, out: StepOutput, max_loss: float | None) -> None:
@@ -212,7 +243,7 @@ def train(params: dict[str, Tensor], loss_fn: Callable[[dict[str, Tensor]], Step
     ``callback(step, params, out)`` is called at steps 0, every, 2*every, ... and at the
     last step. Raises :class:`TrainingDiverged` with the step and the cause when a loss,
     gradient or parameter stops being finite, when the loss function meets an overflow
-    (:class:`~attention_dynamics.checks.NonFiniteError`) after the first update, or when
+    (:class:`~attention_dynamics.validation.NonFiniteError`) after the first update, or when
     the loss exceeds ``max_loss``. At step 0 such an error is the caller's input and is
     raised unchanged.
     """
@@ -220,7 +251,7 @@ def train(params: dict[str, Tensor], loss_fn: Callable[[dict[str, Tensor]], Step
     every = check_int("every", every, 1, None)
     if max_loss is not None:
         max_loss = check_float("max_loss", max_loss, 0.0, None, low_open=True)
-    losses, records = [], []
+    losses, checkpoints = [], []
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -239,7 +270,7 @@ def train(params: dict[str, Tensor], loss_fn: Callable[[dict[str, Tensor]], Step
             _check_finite(step, out, max_loss)
             losses.append(out.loss.detach().cpu().numpy().copy())
             if callback is not None and (step % every == 0 or step == n_steps):
-                records.append((step, callback(step, params, out)))
+                checkpoints.append((step, callback(step, params, out)))
             if step == n_steps:
                 break
             rule(params, out, step)
@@ -251,4 +282,4 @@ def train(params: dict[str, Tensor], loss_fn: Callable[[dict[str, Tensor]], Step
     finally:
         if bar is not None:
             bar.close()
-    return History(np.stack(losses), records)
+    return History(np.stack(losses), checkpoints)

@@ -8,6 +8,10 @@ Training runs attention through ``torch.nn.functional.scaled_dot_product_attenti
 (fused, causal). With ``inspect=True`` the same forward pass computes attention explicitly
 with :func:`attention_dynamics.head.attend` and returns every head's scores, weights,
 queries, keys and values; the two paths agree to rounding (tested).
+
+:func:`fit` is the one way every transformer of the book trains (the deep sticky-chain
+variant and the wind tunnel): AdamW with one parameter group per role, a cosine schedule to
+zero, optional clipping, through :func:`attention_dynamics.training.train`.
 """
 from __future__ import annotations
 
@@ -17,10 +21,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .checks import check_bool, check_choice, check_float, check_int, check_tensor
-from .head import Attention, attend
+import contextlib
+from typing import Callable
 
-__all__ = ["TransformerConfig", "CausalTransformer", "HeadTrace", "parameter_groups"]
+from .head import Attention, attend
+from .training import ROLES, History, StepOutput, TorchOptimizer, train
+from .validation import check_bool, check_choice, check_float, check_int, check_tensor
+
+__all__ = ["TransformerConfig", "CausalTransformer", "HeadTrace", "parameter_groups", "make_optimizer", "fit",
+           "evaluating", "log_probs_at", "sequence_metrics"]
 
 
 @dataclass(frozen=True)
@@ -139,9 +148,9 @@ class CausalTransformer(nn.Module):
 
 
 def parameter_groups(model: CausalTransformer) -> dict[str, list[str]]:
-    """Parameter names by role: 'routing' (query and key maps of every block), 'values'
-    (value maps) and 'other' (everything else)."""
-    groups = {"routing": [], "values": [], "other": []}
+    """Parameter names by role (:data:`attention_dynamics.training.ROLES`): 'routing' (query
+    and key maps of every block), 'values' (value maps) and 'other' (everything else)."""
+    groups = {role: [] for role in ROLES}
     for name, _ in model.named_parameters():
         parts = name.split(".")
         role = "other"
@@ -151,3 +160,91 @@ def parameter_groups(model: CausalTransformer) -> dict[str, list[str]]:
             role = "values"
         groups[role].append(name)
     return groups
+
+
+def make_optimizer(model: CausalTransformer, *, lr: float, weight_decay: float = 0.0,
+                   rates: dict[str, float] | None = None, frozen: tuple[str, ...] = ()) -> torch.optim.AdamW:
+    """AdamW with one parameter group per trainable role, in the order of ROLES, each at
+    ``rates[role]`` (default ``lr``); the roles in ``frozen`` stop requiring gradients."""
+    rates = dict(rates or {})
+    for role in list(rates) + list(frozen):
+        if role not in ROLES:
+            raise ValueError(f"roles must be among {list(ROLES)}, got {role!r}")
+    for role, r in rates.items():
+        check_float(f"rates[{role!r}]", r, 0.0, None, low_open=True)
+    names = parameter_groups(model)
+    named = dict(model.named_parameters())
+    groups = []
+    for role in ROLES:
+        if role in frozen:
+            for n in names[role]:
+                named[n].requires_grad_(False)
+            continue
+        if names[role]:
+            groups.append({"params": [named[n] for n in names[role]], "lr": rates.get(role, lr), "role": role})
+    return torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay)
+
+
+def log_probs_at(model: CausalTransformer, inputs: Tensor, positions: Tensor | None = None, *,
+                 inspect: bool = False) -> tuple[Tensor, list[HeadTrace]]:
+    """Log-probabilities (B, P, n_out) at ``positions`` of the sequence (all when None),
+    and the traces when ``inspect``."""
+    logits, traces = model(inputs, inspect=inspect)
+    if positions is not None:
+        logits = logits[:, positions]
+    return torch.log_softmax(logits, -1), traces
+
+
+def sequence_metrics(model: CausalTransformer, inputs: Tensor, targets: Tensor) -> dict[str, float]:
+    """The model's next-step predictions at every position, in evaluation mode (no
+    dropout): mean cross-entropy and predictive entropy (nats) and accuracy."""
+    with evaluating(model):
+        logp, _ = log_probs_at(model, inputs)
+    return {"loss": float(-logp.gather(-1, targets[..., None]).mean()),
+            "entropy": float(-(logp.exp() * logp).sum(-1).mean()),
+            "accuracy": float((logp.argmax(-1) == targets).double().mean())}
+
+
+@contextlib.contextmanager
+def evaluating(model: nn.Module):
+    """Evaluation mode (no dropout) and no gradients inside the block; the model's mode is
+    restored after it."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield model
+    finally:
+        model.train(was_training)
+
+
+def fit(model: CausalTransformer, batches: Callable[[], tuple[Tensor, Tensor]], n_steps: int, *, lr: float,
+        weight_decay: float = 0.0, clip_norm: float | None = None, rates: dict[str, float] | None = None,
+        frozen: tuple[str, ...] = (), positions: Tensor | None = None, callback=None, every: int = 100,
+        progress: bool = False, desc: str = "training") -> History:
+    """Train ``model`` for ``n_steps`` steps of AdamW (one group per role, see
+    :func:`make_optimizer`), the rate decaying to zero on a cosine, the gradient norm
+    clipped at ``clip_norm`` if given. Each call of ``batches()`` gives (inputs, targets), the
+    targets (B, P) at ``positions`` of the sequence (every position when None); the loss is
+    their mean cross-entropy. ``callback(step, params, out)`` sees ``out.info['model']``
+    and ``out.info['optimizer']``. Chapters *The sticky Markov chain, deep variant* and the
+    three wind-tunnel chapters (*Calibration: the model against the exact posterior*,
+    *Geometry over training*, *The laws at work*)."""
+    n_steps = check_int("n_steps", n_steps, 0, None)
+    lr = check_float("lr", lr, 0.0, 1.0, low_open=True)
+    opt = make_optimizer(model, lr=lr, weight_decay=weight_decay, rates=rates, frozen=frozen)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(n_steps, 1))
+    trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
+
+    def loss_fn(p):
+        inputs, targets = batches()
+        opt.zero_grad()
+        logp, _ = log_probs_at(model, inputs, positions)
+        loss = torch.nn.functional.nll_loss(logp.reshape(-1, logp.shape[-1]), targets.reshape(-1))
+        loss.backward()
+        return StepOutput(loss.detach(), {n: t.grad for n, t in trainable.items() if t.grad is not None},
+                          {"optimizer": opt, "model": model})
+
+    rule = TorchOptimizer(opt, scheduler=sched, clip_norm=clip_norm, clip_params=list(trainable.values()))
+    return train(trainable, loss_fn, rule, n_steps, callback=callback, every=every, progress=progress, desc=desc)
+

@@ -18,9 +18,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..checks import check_int, check_tensor
+from ..validation import check_int, check_tensor
 
-__all__ = ["WindTunnel", "bayes_entropy_bits", "posterior", "sample_batch", "supervised_positions"]
+__all__ = ["WindTunnel", "bayes_entropy_bits", "posterior", "sample_batch", "supervised_positions", "EvalSet",
+           "eval_set"]
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,8 @@ def bayes_entropy_bits(task: WindTunnel) -> Tensor:
 
 
 def posterior(tokens: Tensor, task: WindTunnel) -> Tensor:
-    """The exact posterior over the next token at every supervised position: (B, L + 1, V).
+    """The exact posterior over the next token at every supervised position: (B, L + 1, V)
+    (chapter *Calibration: the model against the exact posterior*).
     At a value position: uniform over values not yet seen; after the query: one-hot."""
     check_tensor("tokens", tokens, ndim=2, kind="int", nonempty=True)
     if tokens.shape[1] != task.length:
@@ -89,3 +91,24 @@ def sample_batch(task: WindTunnel, batch: int, generator: torch.Generator) -> tu
     tokens[:, 2 * L] = q[:, 0]
     targets = torch.cat([vals, vals.gather(1, q_idx[:, None])], 1)
     return tokens, targets
+
+
+@dataclass(frozen=True)
+class EvalSet:
+    """Held-out sequences with their exact posterior, the same for every checkpoint."""
+
+    tokens: Tensor
+    targets: Tensor
+    posterior: Tensor
+    bayes_bits: Tensor
+    pos_bits: Tensor  # (B, L + 1) the Bayes entropy of each supervised position (for correlations)
+
+
+def eval_set(task: WindTunnel, n: int = 512, seed: int = 12345) -> EvalSet:
+    """``n`` sequences drawn from a generator seeded ``seed``, their targets, exact
+    posteriors (B, L + 1, V) and the Bayes entropy of each supervised position."""
+    check_int("n", n, 1, 10_000_000)
+    gen = torch.Generator().manual_seed(seed)
+    tokens, targets = sample_batch(task, n, gen)
+    bits = bayes_entropy_bits(task)
+    return EvalSet(tokens, targets, posterior(tokens, task), bits, bits[None].expand(n, -1))

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..checks import check_float, check_int, check_int_list, check_tensor
+from ..validation import check_float, check_int, check_int_list, check_tensor
 
 __all__ = [
     "N_STATES",
@@ -37,12 +37,7 @@ __all__ = [
     "forward_filter",
     "cross_entropy_of",
     "expected_floors",
-    "D_K",
-    "D_V",
-    "SCHEDULES",
-    "init_weights",
-    "schedule_rates",
-    "train_naive",
+    "predictor_loss",
 ]
 
 N_STATES = 8
@@ -147,7 +142,8 @@ def predict_from_x_only(x: Tensor, A: Tensor, means: Tensor) -> Tensor:
 
 def forward_filter(x: Tensor, A: Tensor, means: Tensor) -> Tensor:
     """log P(y_t | x_1..x_t), the Bayes-optimal causal predictor (an HMM forward filter
-    whose hidden state at time t is y_{t-1}, emitting x_t): (..., T, n_states)."""
+    whose hidden state at time t is y_{t-1}, emitting x_t): (..., T, n_states). The honest
+    floor of chapter *The sticky Markov chain: beyond the protocol*."""
     e = _emission_loglik(x, means)
     T = e.shape[-2]
     log_belief = torch.log(stationary_distribution(A)).expand(e.shape[:-2] + (A.shape[0],))  # prior on y_0
@@ -170,6 +166,14 @@ def cross_entropy_of(log_pred: Tensor, y: Tensor) -> Tensor:
     return -log_pred.gather(-1, y[..., None]).squeeze(-1).mean(-1)
 
 
+def predictor_loss(predictor, seq: StickySequence, A: Tensor | None = None, means: Tensor | None = None) -> Tensor:
+    """The cross-entropy (nats) on each of ``seq``'s sequences of a Bayes predictor,
+    :func:`forward_filter` or :func:`predict_from_x_only`, computed in float64: (R,)."""
+    A = transition_matrix() if A is None else A
+    means = symbol_means() if means is None else means
+    return cross_entropy_of(predictor(seq.x.double(), A, means), seq.y)
+
+
 def expected_floors(n_sequences: int = 64, *, seed: int = 123456, length: int = 2000) -> dict[str, float]:
     """The floors in nats, as expectations: exact for the uniform and H(Y|Y_prev)
     predictors, Monte Carlo over ``n_sequences`` fresh sequences for the x_t-only
@@ -186,65 +190,3 @@ def expected_floors(n_sequences: int = 64, *, seed: int = 123456, length: int = 
         "x_only": float(x_only.mean()), "x_only_se": float(x_only.std() / math.sqrt(n)),
         "filter": float(filt.mean()), "filter_se": float(filt.std() / math.sqrt(n)),
     }
-
-
-# --- the single-head model of the protocol -------------------------------------------
-
-D_K, D_V = 10, 15
-SCHEDULES = {
-    "SGD": {"W_Q": 0.01, "W_K": 0.01, "W_V": 0.01, "W_O": 0.01},
-    "EM-style": {"W_Q": 0.01, "W_K": 0.01, "W_V": 0.1, "W_O": 0.01},
-}
-
-
-def init_weights(seeds, *, std: float = 0.1, d_x: int = D_X, d_k: int = D_K, d_v: int = D_V,
-                 n_classes: int = N_STATES, dtype=torch.float32) -> dict[str, Tensor]:
-    """W_Q, W_K, W_V, W_O ~ N(0, std^2) for each seed, stacked on a leading run axis.
-    The weights of seed s come from a generator seeded s + 10**6 (the sequence uses s),
-    drawn in float64 and cast, so float32 and float64 runs start from the same point."""
-    out = {"W_Q": [], "W_K": [], "W_V": [], "W_O": []}
-    for s in check_int_list("seeds", list(seeds), 0, None):
-        g = torch.Generator().manual_seed(check_int("seed", s, 0, None) + 10**6)
-        for name, shape in (("W_Q", (d_x, d_k)), ("W_K", (d_x, d_k)), ("W_V", (d_x, d_v)), ("W_O", (d_v, n_classes))):
-            out[name].append(torch.randn(*shape, generator=g, dtype=torch.float64) * std)
-    return {n: torch.stack(v).to(dtype) for n, v in out.items()}
-
-
-def schedule_rates(schedules: list[str], dtype=torch.float32) -> dict[str, Tensor]:
-    """Per-run learning rates (one entry per run) for SGD(...) from schedule names."""
-    for s in schedules:
-        if s not in SCHEDULES:
-            raise ValueError(f"schedule must be one of {list(SCHEDULES)}, got {s!r}")
-    return {n: torch.tensor([SCHEDULES[s][n] for s in schedules], dtype=dtype) for n in ("W_Q", "W_K", "W_V", "W_O")}
-
-
-def train_naive(seed: int, x: Tensor, y: Tensor, schedule: str, n_steps: int) -> list[float]:
-    """The protocol as the authors' script runs it: one run, autograd, the full T x T
-    masked softmax, torch.optim.SGD with one parameter group per learning rate. Returns the
-    loss before each update and after the last (n_steps + 1 values). The benchmark's
-    baseline and the fast path's reference."""
-    if schedule not in SCHEDULES:
-        raise ValueError(f"schedule must be one of {list(SCHEDULES)}, got {schedule!r}")
-    n_steps = check_int("n_steps", n_steps, 0, None)
-    w = {n: t[0].clone().requires_grad_(True) for n, t in init_weights([seed], dtype=x.dtype).items()}
-    lrs = SCHEDULES[schedule]
-    groups = {}
-    for n, lr in lrs.items():
-        groups.setdefault(lr, []).append(w[n])
-    opt = torch.optim.SGD([{"params": ps, "lr": lr} for lr, ps in groups.items()], lr=0.01)
-    T = x.shape[0]
-    mask = torch.tril(torch.ones(T, T, dtype=torch.bool))
-    losses = []
-    for step in range(n_steps + 1):
-        Q, K, V = x @ w["W_Q"], x @ w["W_K"], x @ w["W_V"]
-        S = (Q @ K.T) / math.sqrt(Q.shape[-1])
-        S = S.masked_fill(~mask, float("-inf"))
-        logits = torch.softmax(S, dim=-1) @ V @ w["W_O"]
-        loss = torch.nn.functional.cross_entropy(logits, y)
-        losses.append(loss.item())
-        if step == n_steps:
-            break
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    return losses

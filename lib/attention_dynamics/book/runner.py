@@ -1,53 +1,40 @@
 """Execute the book's notebooks through papermill with a named parameter profile.
 
-    python -m attention_dynamics.runner [--profile paper|quick] [--only NAME ...]
-        [--set NAME=VALUE ...] [--out DIR] [--force] [--book]
+    python -m attention_dynamics.book [--profile paper|quick] [--only NAME ...]
+        [--set NAME=VALUE ...] [--grid NAME=[V1,V2,...] ...] [--workers N | --scheduler ADDRESS]
+        [--out DIR] [--force] [--book]
 
 Profiles live in ``notebooks/profiles.yml`` (one entry per chapter, in book order). Each
 executed notebook goes to ``OUT/NAME.ipynb`` (default ``book/chapters``, ignored by git)
 with its recorded numbers and their provenance in ``OUT/NAME.json``. A notebook whose
-source, parameters and library code are unchanged since its last successful run is not
-executed again. ``--book`` then builds the static HTML book and fails if any page shows
-an error.
+source, parameters and library code are unchanged since its last successful run, and whose
+outputs are intact, is not executed again. ``--book`` then builds the static HTML book and
+fails if any page shows an error.
 """
 from __future__ import annotations
 
 import argparse
 import hashlib
 import json
-import math
 import os
-import platform
 import re
-import shlex
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import Executor, FIRST_EXCEPTION, wait
+from concurrent.futures import FIRST_EXCEPTION, Executor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
-from . import __version__
+from .build import build_book
+from .profiles import PROFILES, check_parameters, find_root, format_value, load_profiles, parse_value
+from .provenance import CLI, append_provenance, provenance, repository
 from .records import write_json_atomic
 
-__all__ = ["Job", "JobResult", "NotebookFailed", "load_profiles", "make_jobs", "make_grid_jobs", "execute", "run_jobs",
-           "build_book", "provenance_markdown", "launch_links", "parse_value", "format_value", "main"]
+__all__ = ["Job", "JobResult", "NotebookFailed", "make_jobs", "make_grid_jobs", "check_out_dir", "cache_key",
+           "execute", "run_jobs", "timing_table", "main"]
 
-PROFILES = ("quick", "paper")
-PACKAGE_DIR = Path(__file__).resolve().parent
-
-
-def find_root(start: Path | None = None) -> Path:
-    """The repository root: the first folder upward holding notebooks/profiles.yml."""
-    for base in [Path(start or Path.cwd()).resolve(), PACKAGE_DIR]:
-        for d in [base, *base.parents]:
-            if (d / "notebooks" / "profiles.yml").is_file():
-                return d
-    raise FileNotFoundError("no notebooks/profiles.yml found above the current folder or the package")
+PACKAGE_DIR = Path(__file__).resolve().parent.parent
 
 
 class NotebookFailed(RuntimeError):
@@ -94,95 +81,6 @@ class JobResult:
     record: dict = field(default_factory=dict)
 
 
-# --- parameter values: read from the command line and profiles.yml, written into footers ---
-
-class _ValueLoader(yaml.SafeLoader):
-    """YAML as PyYAML reads it, plus the floats YAML 1.2 allows and YAML 1.1 does not
-    (1e-05, 2E3, 1.5e3): without this, a value such as 1e-05 comes back as a string."""
-
-
-_ValueLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
-    list("-+0123456789."))
-
-
-def parse_value(text: str, where: str = "value"):
-    """A parameter value written as YAML (numbers, strings, true/false, null, [lists],
-    {mappings}); ``where`` names it in the one-line error a malformed value gets."""
-    try:
-        return yaml.load(text, Loader=_ValueLoader)
-    except yaml.YAMLError as e:
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ValueError(f"{where}: cannot read {text!r} as a YAML value ({problem})") from None
-
-
-def format_value(v) -> str:
-    """The inverse of :func:`parse_value`, in YAML flow style that plain ``yaml.safe_load``
-    (papermill's ``-y``) reads back to the same value too: floats always carry a dot
-    before their exponent (1.0e-05), strings are double-quoted."""
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, float):
-        if math.isnan(v):
-            return ".nan"
-        if math.isinf(v):
-            return ".inf" if v > 0 else "-.inf"
-        r = repr(v)
-        if "e" in r:
-            mantissa, exponent = r.split("e")
-            r = (mantissa if "." in mantissa else mantissa + ".0") + "e" + exponent
-        return r
-    if isinstance(v, str):
-        # a JSON string is a YAML double-quoted one, except that YAML spells a character
-        # beyond the BMP as one \UXXXXXXXX escape where JSON writes a surrogate pair
-        return re.sub(r"\\u(d[89ab][0-9a-f]{2})\\u(d[c-f][0-9a-f]{2})",
-                      lambda m: "\\U%08x" % (0x10000 + ((int(m[1], 16) - 0xD800) << 10) + int(m[2], 16) - 0xDC00),
-                      json.dumps(v))
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(format_value(x) for x in v) + "]"
-    if isinstance(v, dict):
-        return "{" + ", ".join(f"{format_value(str(k))}: {format_value(x)}" for k, x in v.items()) + "}"
-    raise TypeError(f"cannot write a parameter of type {type(v).__name__}: {v!r}")
-
-
-def load_profiles(root: Path) -> dict[str, dict[str, dict]]:
-    """notebooks/profiles.yml: chapter -> {"quick": {...}, "paper": {...}}, in book order.
-    Malformed files fail with one line naming the file and the entry."""
-    path = root / "notebooks" / "profiles.yml"
-    where = "notebooks/profiles.yml"
-    try:
-        profiles = yaml.load(path.read_text(encoding="utf-8"), Loader=_ValueLoader)
-    except UnicodeDecodeError:
-        raise ValueError(f"{where} is not UTF-8 text") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        raise ValueError(f"{where} is not valid YAML{at}: {getattr(e, 'problem', None) or e}") from None
-    if profiles is None:
-        raise ValueError(f"{where} is empty; it must map chapter names to their profiles")
-    if not isinstance(profiles, dict):
-        raise ValueError(f"{where} must map chapter names to their profiles, got a {type(profiles).__name__}")
-    for name, entry in profiles.items():
-        if not isinstance(entry, dict):
-            raise ValueError(f"{where}: chapter '{name}' must map the profiles {list(PROFILES)} to parameters, "
-                             f"got {format_value(entry) if entry is None else type(entry).__name__}")
-        missing = [p for p in PROFILES if p not in entry]
-        if missing:
-            raise ValueError(f"{where}: chapter '{name}' lacks the profile(s) {missing}")
-        for prof in PROFILES:
-            params = entry[prof]
-            if not isinstance(params, dict) or not all(isinstance(k, str) for k in params):
-                raise ValueError(f"{where}: profile '{prof}' of chapter '{name}' must map parameter names to values "
-                                 f"(write {{}} for none), got {format_value(params) if params is None else type(params).__name__}")
-        if not (root / "notebooks" / f"{name}.ipynb").is_file():
-            raise FileNotFoundError(f"{where} names '{name}' but notebooks/{name}.ipynb does not exist")
-    return profiles
-
-
 def make_jobs(root: Path, profile: str, *, only: list[str] | None = None, overrides: dict | None = None,
               out_dir: Path | None = None, force: bool = False) -> list[Job]:
     if profile not in PROFILES:
@@ -202,7 +100,7 @@ def make_jobs(root: Path, profile: str, *, only: list[str] | None = None, overri
         params = dict(profiles[n][profile])
         for key, value in (overrides or {}).items():
             params[key] = value
-        _check_parameters(n, root / "notebooks" / f"{n}.ipynb", params)
+        check_parameters(n, root / "notebooks" / f"{n}.ipynb", params)
         jobs.append(Job(n, str(root / "notebooks" / f"{n}.ipynb"), str(out_dir), profile, params, str(root), force))
     return jobs
 
@@ -217,26 +115,6 @@ def check_out_dir(path: Path) -> Path:
                 raise ValueError(f"--out {path} {what}, not a folder")
             break
     return path
-
-
-RUNNER_PARAMETERS = ("record_path", "profile")
-
-
-def _check_parameters(name: str, notebook: Path, params: dict) -> None:
-    """Every parameter must exist in the notebook's parameters cell (papermill would only warn)."""
-    import papermill as pm
-
-    known = set(pm.inspect_notebook(str(notebook)))
-    missing_runner = [p for p in RUNNER_PARAMETERS if p not in known]
-    if missing_runner:
-        raise ValueError(f"notebook '{name}' must declare {missing_runner} in its parameters cell")
-    unknown = sorted(set(params) - known)
-    if unknown:
-        allowed = sorted(known - set(RUNNER_PARAMETERS))
-        raise ValueError(f"chapter '{name}' has no parameter(s) {unknown}; its parameters are {allowed}")
-    reserved = sorted(set(params) & set(RUNNER_PARAMETERS))
-    if reserved:
-        raise ValueError(f"{reserved} are set by the runner, not by profiles or --set")
 
 
 def make_grid_jobs(root: Path, name: str, grid: dict[str, list], *, profile: str = "quick",
@@ -289,121 +167,6 @@ def cache_key(job: Job) -> str:
     h.update(json.dumps({"profile": job.profile, "parameters": job.parameters}, sort_keys=True).encode())
     h.update(_library_digest().encode())
     return h.hexdigest()
-
-
-def _git(root: str, *args: str) -> str:
-    try:
-        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return ""
-
-
-def provenance(job: Job, key: str, seconds: float) -> dict:
-    import torch
-
-    commit = _git(job.root, "rev-parse", "HEAD") or "unknown"
-    dirty = bool(_git(job.root, "status", "--porcelain", "--untracked-files=no"))
-    rel = os.path.relpath(job.notebook, job.root)
-    runner, papermill = reproduce_commands(job, rel)
-    return {
-        "chapter": job.name,
-        "profile": job.profile,
-        "parameters": job.parameters,
-        "git_commit": commit,
-        "git_dirty": dirty,
-        "library_version": __version__,
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
-        "executed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "seconds": round(seconds, 2),
-        "cache_key": key,
-        "runner_command": f"python -m attention_dynamics.runner --profile {job.profile} --only {job.name}",
-        "papermill_command": papermill,
-        "runner_command_explicit": runner,
-    }
-
-
-def reproduce_commands(job: Job, notebook_rel: str) -> tuple[str, str]:
-    """The runner and papermill commands that redo ``job`` exactly, shell-quoted, with every
-    parameter written so that both parsers read back the value that was run."""
-    sets = " ".join(f"--set {shlex.quote(f'{k}={format_value(v)}')}" for k, v in job.parameters.items())
-    runner = f"python -m attention_dynamics.runner --profile {job.profile} --only {job.name} {sets}".strip()
-    values = dict(sorted(job.parameters.items()), profile=job.profile)
-    papermill = f"papermill {shlex.quote(notebook_rel)} {shlex.quote(job.stem + '.ipynb')} -y {shlex.quote(format_value(values))}"
-    return runner, papermill
-
-
-def repository(root: Path) -> dict:
-    """The repository address and branch, set once in book/_config.yml."""
-    cfg_path = root / "book" / "_config.yml"
-    if not cfg_path.is_file():
-        return {}
-    with open(cfg_path) as f:
-        return (yaml.safe_load(f) or {}).get("repository", {}) or {}
-
-
-def launch_links(repo: dict, name: str) -> dict[str, str]:
-    """Binder and Colab addresses of notebooks/NAME.ipynb, for a GitHub repository."""
-    url = str(repo.get("url", "")).rstrip("/")
-    if not url.startswith("https://github.com/"):
-        return {}
-    slug, branch = url.removeprefix("https://github.com/"), repo.get("branch", "main")
-    return {
-        "Binder": f"https://mybinder.org/v2/gh/{slug}/{branch}?labpath=notebooks%2F{name}.ipynb",
-        "Colab": f"https://colab.research.google.com/github/{slug}/blob/{branch}/notebooks/{name}.ipynb",
-    }
-
-
-def provenance_markdown(prov: dict, repo: dict) -> str:
-    """The footer every chapter of the book ends with."""
-    params = json.dumps(prov["parameters"], sort_keys=True)
-    commit = prov["git_commit"][:12] + (" (with uncommitted changes)" if prov["git_dirty"] else "")
-    links = launch_links(repo, prov["chapter"])
-    lines = [
-        "## Provenance",
-        "",
-        "Every number and figure on this page was computed by the notebook "
-        f"`notebooks/{prov['chapter']}.ipynb` with these settings:",
-        "",
-        "| | |",
-        "|---|---|",
-        f"| profile | `{prov['profile']}` |",
-        f"| parameters | `{params}` |",
-        f"| library | `attention_dynamics` {prov['library_version']}, git commit `{commit}` |",
-        f"| software | Python {prov['python']}, PyTorch {prov['torch']} |",
-        f"| executed | {prov['executed_at']} in {prov['seconds']:.0f} s on {prov['machine']} |",
-        "",
-        "To reproduce it exactly, from the repository root:",
-        "",
-        "```bash",
-        f".venv/bin/{prov['runner_command_explicit']} --out my-runs",
-        "```",
-        "",
-        "or with papermill directly:",
-        "",
-        "```bash",
-        f".venv/bin/{prov['papermill_command']}",
-        "```",
-    ]
-    if links:
-        lines += ["", "Run it in the cloud: " + " · ".join(f"[{k}]({v})" for k, v in links.items())
-                  + " (see *Rerun a chapter* for the set-up each needs)."]
-    return "\n".join(lines)
-
-
-def _append_provenance(notebook: Path, prov: dict, repo: dict) -> None:
-    import nbformat
-
-    nb = nbformat.read(notebook, as_version=4)
-    for c in nb.cells:  # the runner's own bookkeeping is not part of the chapter
-        if "injected-parameters" in c.metadata.get("tags", []):
-            kept = [l for l in c.source.splitlines() if not l.startswith("record_path =") and l != "# Parameters"]
-            c.source = "\n".join(["# Parameters of this run (set by the runner; see Provenance at the end)"] + kept)
-    cell = nbformat.v4.new_markdown_cell(provenance_markdown(prov, repo))
-    cell.metadata["tags"] = ["provenance"]
-    nb.cells.append(cell)
-    nbformat.write(nb, notebook)
 
 
 def _file_digest(path: Path) -> str:
@@ -477,7 +240,7 @@ def execute(job: Job, progress_bar: bool = False) -> JobResult:
             raise NotebookFailed(job.stem, None, "MissingRecord", "the notebook ran but saved no record (call rec.save())")
         record = json.loads(tmp_rec.read_text(encoding="utf-8"))
         record["provenance"] = provenance(job, key, seconds)
-        _append_provenance(tmp_nb, record["provenance"], repository(Path(job.root)))
+        append_provenance(tmp_nb, record["provenance"], repository(Path(job.root)))
         record["provenance"]["output_sha256"] = _file_digest(tmp_nb)
         # The notebook first, then the record that vouches for it: a crash in between
         # leaves a record whose digest does not match, which only means the next run
@@ -561,39 +324,6 @@ def timing_table(results: list[JobResult]) -> str:
     return "\n".join(lines)
 
 
-def build_book(book: Path) -> Path:
-    """Write the claims scorecard from the chapters' records, run jupyter-book build
-    (warnings are errors), then refuse pages that show an error. ``book``: the folder with
-    _config.yml, _toc.yml, the pages and chapters/ (the executed notebooks)."""
-    from .scorecard import write_scorecard
-
-    book = Path(book)
-    write_scorecard(book / "chapters", book / "scorecard.md")
-    exe = Path(sys.executable).parent / "jupyter-book"
-    cmd = [str(exe), "build", str(book), "--builder", "html", "-W", "-n", "--keep-going", "--quiet"]
-    print("+", " ".join(cmd), flush=True)
-    if subprocess.run(cmd, cwd=book).returncode != 0:
-        raise SystemExit("jupyter-book build failed (see the warnings above)")
-    html = book / "_build" / "html"
-    bad = check_html(html)
-    if bad:
-        raise SystemExit("built pages show errors:\n" + "\n".join(bad))
-    return html
-
-
-ERROR_MARKERS = ("Traceback (most recent call last)", "output error", "output traceback", 'class="output stderr"')
-
-
-def check_html(html_dir: Path) -> list[str]:
-    bad = []
-    for page in sorted(Path(html_dir).rglob("*.html")):
-        text = page.read_text(errors="replace")
-        for marker in ERROR_MARKERS:
-            if marker in text:
-                bad.append(f"{page.relative_to(html_dir)}: contains {marker!r}")
-    return bad
-
-
 SCHEDULER_TIMEOUT_S = 10
 
 
@@ -631,7 +361,7 @@ def _parse_assignments(items: list[str], flag: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m attention_dynamics.runner", description=__doc__,
+    ap = argparse.ArgumentParser(prog=CLI, description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--profile", choices=PROFILES, default="paper", help="parameter profile (default: paper)")
     ap.add_argument("--only", nargs="+", metavar="NAME", help="run only these chapters")

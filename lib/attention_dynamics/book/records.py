@@ -83,6 +83,12 @@ class Record:
         if self._glue and (isinstance(value, (int, float, str)) or hasattr(value, "item")):
             _glue(name, value)
 
+    def keep(self, namespace: dict, *names: str) -> None:
+        """Record (and glue) each named value of ``namespace`` (a chapter's ``globals()``)
+        under its own name: the settings a chapter's text quotes."""
+        for name in names:
+            self[name] = namespace[name]
+
     def __getitem__(self, name: str) -> Any:
         return self.values[name]
 

@@ -1,6 +1,8 @@
-"""A causal single head trained on long sequences, fast: many runs batched, the closed-form
-backward of R1-R3, and query rows processed in blocks so that the T x T score matrix never
-exists in memory and the hidden (future) half is never computed.
+"""The single causal head of the sticky-chain protocol (R7; chapters *The sticky Markov chain:
+EM-style vs SGD* and *The sticky Markov chain: speed*): its initial weights, its schedules, the
+reference trainer that runs it as the authors' script does, and the fast path: many runs
+batched, the closed-form backward of R1-R3, and query rows processed in blocks so that the
+T x T score matrix never exists in memory and the hidden (future) half is never computed.
 
 For a block of queries I = [a, b) the keys it can see are 0..b-1. Everything a position
 needs for the cross-entropy loss and for every gradient is computed inside the block:
@@ -23,10 +25,12 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .checks import check_int, check_same_dtype_device, check_tensor
-from .training import StepOutput
+from .tasks.sticky_chain import D_X, N_STATES, StickySequence, sample_sequences
+from .training import HEAD_ROLES, SGD, History, StepOutput, em_style, head_rates, train
+from .validation import check_int, check_int_list, check_same_dtype_device, check_tensor
 
-__all__ = ["BlockedStats", "blocked_causal_step", "causal_head_loss_fn", "dense_causal_forward"]
+__all__ = ["BlockedStats", "blocked_causal_step", "causal_head_loss_fn", "dense_causal_forward", "D_K", "D_V",
+           "PROTOCOL_SCHEDULES", "init_heads", "protocol_rates", "train_reference", "ProtocolConfig", "ProtocolRun", "run_protocol"]
 
 
 @dataclass(frozen=True)
@@ -163,3 +167,138 @@ def dense_causal_forward(params: dict[str, Tensor], x: Tensor) -> tuple[Tensor, 
     s = s.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
     alpha = torch.softmax(s, -1)
     return alpha, torch.log_softmax(alpha @ (x @ W_V) @ W_O, -1)
+
+
+# --- the head of the sticky-chain protocol (R7): its initial weights, its two schedules and
+# --- the reference trainer that runs it the way the authors' script does ---------------------
+
+D_K, D_V = 10, 15  # the protocol's head: d_k = 10, d_v = 15
+# The protocol's two schedules, as rates by role: SGD at 0.01 on everything; EM-style with the
+# values at 0.1 (chapter *The sticky Markov chain*).
+PROTOCOL_SCHEDULES = {"SGD": em_style(0.01, 0.01), "EM-style": em_style(0.01, 0.1)}
+
+
+def init_heads(seeds, *, std: float = 0.1, d_x: int = D_X, d_k: int = D_K, d_v: int = D_V,
+               n_classes: int = N_STATES, dtype=torch.float32) -> dict[str, Tensor]:
+    """W_Q, W_K, W_V, W_O ~ N(0, std^2) for each seed, stacked on a leading run axis.
+    The weights of seed s come from a generator seeded s + 10**6 (the sequence uses s),
+    drawn in float64 and cast, so float32 and float64 runs start from the same point."""
+    out = {"W_Q": [], "W_K": [], "W_V": [], "W_O": []}
+    for s in check_int_list("seeds", list(seeds), 0, None):
+        g = torch.Generator().manual_seed(check_int("seed", s, 0, None) + 10**6)
+        for name, shape in (("W_Q", (d_x, d_k)), ("W_K", (d_x, d_k)), ("W_V", (d_x, d_v)), ("W_O", (d_v, n_classes))):
+            out[name].append(torch.randn(*shape, generator=g, dtype=torch.float64) * std)
+    return {n: torch.stack(v).to(dtype) for n, v in out.items()}
+
+
+def protocol_rates(schedules: list[str], dtype=torch.float32) -> dict[str, Tensor]:
+    """Per-run learning rates (one entry per run) for ``SGD(...)`` from schedule names
+    (keys of :data:`PROTOCOL_SCHEDULES`), by the head's parameter names."""
+    for s in schedules:
+        if s not in PROTOCOL_SCHEDULES:
+            raise ValueError(f"schedule must be one of {list(PROTOCOL_SCHEDULES)}, got {s!r}")
+    by_name = [head_rates(PROTOCOL_SCHEDULES[s]) for s in schedules]
+    return {n: torch.tensor([r[n] for r in by_name], dtype=dtype) for n in HEAD_ROLES}
+
+
+def train_reference(seed: int, x: Tensor, y: Tensor, schedule: str, n_steps: int) -> list[float]:
+    """The protocol as the authors' script runs it: one run, autograd, the full T x T
+    masked softmax, torch.optim.SGD with one parameter group per learning rate. Returns the
+    loss before each update and after the last (n_steps + 1 values). The benchmark's
+    baseline and the fast path's reference."""
+    if schedule not in PROTOCOL_SCHEDULES:
+        raise ValueError(f"schedule must be one of {list(PROTOCOL_SCHEDULES)}, got {schedule!r}")
+    n_steps = check_int("n_steps", n_steps, 0, None)
+    w = {n: t[0].clone().requires_grad_(True) for n, t in init_heads([seed], dtype=x.dtype).items()}
+    lrs = head_rates(PROTOCOL_SCHEDULES[schedule])
+    groups = {}
+    for n, lr in lrs.items():
+        groups.setdefault(lr, []).append(w[n])
+    opt = torch.optim.SGD([{"params": ps, "lr": lr} for lr, ps in groups.items()], lr=0.01)
+    T = x.shape[0]
+    mask = torch.tril(torch.ones(T, T, dtype=torch.bool))
+    losses = []
+    for step in range(n_steps + 1):
+        Q, K, V = x @ w["W_Q"], x @ w["W_K"], x @ w["W_V"]
+        S = (Q @ K.T) / math.sqrt(Q.shape[-1])
+        S = S.masked_fill(~mask, float("-inf"))
+        logits = torch.softmax(S, dim=-1) @ V @ w["W_O"]
+        loss = torch.nn.functional.cross_entropy(logits, y)
+        losses.append(loss.item())
+        if step == n_steps:
+            break
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return losses
+
+
+@dataclass
+class ProtocolRun:
+    """The sticky-chain protocol, run: one SGD and one EM-style run per seed, batched in
+    that order (``names[i]`` is run i's schedule, ``seeds[i % k]`` its seed)."""
+
+    seeds: list[int]
+    names: list[str]
+    sequences: StickySequence  # one training sequence per seed
+    x: Tensor  # (2k, T, d_x): the sequences, once for each schedule
+    y: Tensor  # (2k, T)
+    params: dict[str, Tensor]  # the final weights of every run
+    history: History  # losses (n_steps + 1, 2k) and checkpoints
+    seconds: float  # wall time of the training
+
+
+@dataclass(frozen=True)
+class ProtocolConfig:
+    """The settings of the sticky-chain protocol (R7), validated by name: distinct ``seeds``
+    (one training sequence and one initialization each), ``n_steps`` full-batch steps,
+    ``seq_len`` states per sequence (seq_len - 1 positions), ``block`` query rows per block of
+    the fast path; ``checkpoint_every`` steps between recorded statistics and the first
+    ``window`` positions whose attention is kept."""
+
+    seeds: tuple[int, ...] = (42, 2024, 1337, 7777, 9999)
+    n_steps: int = 1000
+    seq_len: int = 2000
+    block: int = 64
+    checkpoint_every: int = 25
+    window: int = 40
+
+    def __post_init__(self):
+        seeds = check_int_list("seeds", list(self.seeds), 0, 2**31 - 1, min_len=1)
+        if len(set(seeds)) != len(seeds):
+            raise ValueError(f"seeds must be distinct, got {seeds}")
+        object.__setattr__(self, "seeds", tuple(seeds))
+        check_int("n_steps", self.n_steps, 1, 1_000_000)
+        check_int("seq_len", self.seq_len, 3, 100_000)
+        check_int("block", self.block, 1, 4096)
+        check_int("checkpoint_every", self.checkpoint_every, 1, self.n_steps)
+        check_int("window", self.window, 1, self.seq_len - 1)
+
+
+def run_protocol(config: ProtocolConfig, *, progress: bool = True) -> ProtocolRun:
+    """The protocol of R7 (chapter *The sticky Markov chain*): a training sequence per seed,
+    the head initialized per seed, SGD and EM-style from the same start, full-batch closed-form
+    steps on the fast path. Every ``checkpoint_every`` steps it records each run's predictive
+    entropy, accuracy and mean attention entropy (nats), and at the first and last step the
+    attention weights of the first ``window`` positions."""
+    import time
+
+    seeds, n_steps, block = list(config.seeds), config.n_steps, config.block
+    k = len(seeds)
+    seq = sample_sequences(seeds, n_states_seq=config.seq_len)
+    names = ["SGD"] * k + ["EM-style"] * k
+    x, y = torch.cat([seq.x, seq.x]), torch.cat([seq.y, seq.y])
+    params = init_heads(seeds + seeds)
+    window_x = x[:, :config.window]
+
+    def checkpoint(step, p, out):
+        with torch.no_grad():
+            _, _, st = blocked_causal_step(p, x, y, block=block, grads=False, stats=True)
+            alpha, _ = dense_causal_forward(p, window_x)
+        return {"entropy": st.entropy.clone(), "accuracy": st.accuracy.clone(),
+                "attention_entropy": st.attention_entropy.clone(), "alpha": alpha if step in (0, n_steps) else None}
+
+    start = time.perf_counter()
+    history = train(params, causal_head_loss_fn(x, y, block=block), SGD(protocol_rates(names)), n_steps,
+                    callback=checkpoint, every=config.checkpoint_every, progress=progress, desc="protocol")
+    return ProtocolRun(seeds, names, seq, x, y, params, history, time.perf_counter() - start)
