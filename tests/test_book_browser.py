@@ -112,6 +112,21 @@ def test_every_page_loads_cleanly(built_book, server, browser):
         assert (built_book / page).read_text().count("<img") >= 1, f"{page} shows no figure"
 
 
+@pytest.mark.parametrize("width", [1280, 1440])
+def test_code_cells_need_no_horizontal_scrolling(built_book, server, browser, width):
+    """At common laptop widths every code cell of every chapter fits its column."""
+    browser.set_window_size(width, 1000)
+    wide = []
+    for page in sorted(p.relative_to(built_book).as_posix() for p in (built_book / "chapters").glob("*.html")):
+        browser.get(urljoin(server, page))
+        for client, scroll in browser.execute_script(
+                "return [...document.querySelectorAll('div.cell_input pre')]"
+                ".map(p => [p.clientWidth, p.scrollWidth]);"):
+            if scroll > client + 1:
+                wide.append(f"{page}: a code cell {scroll} px wide in a {client} px column")
+    assert not wide, "\n".join(wide)
+
+
 def test_search_finds_a_known_term(server, browser):
     browser.get(urljoin(server, "search.html?q=responsibility"))
     deadline = time.time() + 30
