@@ -6,7 +6,7 @@ import os
 
 def test_routing_law_chapter(quick_runs):
     v = quick_runs("routing_law")["values"]
-    assert v["n_configs"] >= 20 and v["n_causal"] > 0 and v["n_padding"] > 0 and v["n_smooth_loss"] > 0
+    assert v["n_causal"] > 0 and v["n_padding"] > 0 and v["n_smooth_loss"] > 0  # every kind was drawn
     assert v["max_rel_error"] <= 1e-12  # R1-R3 closed forms equal autograd in float64
     assert v["max_row_sum_rel"] <= 1e-12  # rows of dL/ds sum to zero
     assert v["example_sign_agreement"] == 1.0  # sign rule on every visible entry
@@ -33,7 +33,7 @@ def test_specialization_chapter(quick_runs):
     assert v["free_weighted_agreement_small_eta"] > 0.95
     # symmetry breaking: every run specializes, later for a smaller initial asymmetry
     assert v["n_specialized"] == v["n_symmetric_runs"]
-    assert v["steps_per_decade"] > 5 and v["growth_rate_per_step"] > 0
+    assert v["steps_per_decade"] > 2 * v["steps_per_decade_se"] and v["growth_rate_per_step"] > 0
 
 
 def test_two_timescale_em_chapter(quick_runs):
@@ -75,7 +75,8 @@ def test_sticky_chain_chapter(quick_runs):
     v = quick_runs("sticky_chain")["values"]
     assert abs(v["self_transition"] - 0.3498) < 5e-5  # the script's matrix, quirk included
     assert v["em_final_mean"] < v["sgd_final_mean"]  # the EM-style schedule is ahead
-    assert v["n_reached"] >= 1 and v["speedup"] > 1
+    assert len(v["sgd_final_per_seed"]) == len(v["em_final_per_seed"]) == len(v["reach_steps_per_seed"]) == v["n_seeds"]
+    assert v["reach_steps_mean"] < v["n_steps"] and v["speedup"] > 1
 
 
 def test_sticky_chain_beyond_chapter(quick_runs):
@@ -91,59 +92,90 @@ def test_sticky_chain_beyond_chapter(quick_runs):
 
 def test_sticky_chain_speed_chapter(quick_runs):
     v = quick_runs("sticky_chain_speed")["values"]
-    assert v["speed_ratio"] == v["naive_ms_per_run_step"] / v["fast_ms_per_run_step"]
+    assert v["loss_agreement"] <= 1e-4  # the fast path computes the naive path's losses
 
 
 def test_sticky_chain_deep_chapter(quick_runs):
     v = quick_runs("sticky_chain_deep")["values"]
-    assert v["n_seeds"] >= 2
-    assert v["test_loss_mean"] < 2.0794  # better than uniform on fresh data after a few steps
-    assert v["gap_filter_mean"] > 0  # and, on fresh data, never below the Bayes-optimal filter
-    assert 0 <= v["test_accuracy_mean"] <= 1
+    # it memorizes: below any fresh-data predictor on its training sequence, above the filter on fresh data
+    assert v["train_loss_mean"] < v["filter_test_mean"] < v["test_loss_mean"] and v["memorizes"]
+    assert v["gap_filter_mean"] > 0  # on fresh data never below the Bayes-optimal filter
+    assert v["test_accuracy_mean"] < v["filter_accuracy_mean"] + 0.05  # nor more accurate than it
 
 
 def test_wt_calibration_chapter(quick_runs):
     v = quick_runs("wt_calibration")["values"]
     assert v["mae_bits"] < v["mae_start_bits"]  # training moves the entropies toward the posterior
     assert isinstance(v["values_calibrated_step"], int)  # the counting positions calibrate within a short run
-    assert v["big_mae_bits"] > 0 and v["kl_mean_bits"] >= 0
 
 
 def test_wt_geometry_chapter(quick_runs):
     v = quick_runs("wt_geometry")["values"]
     assert v["mae_end"] < v["mae_start"]
-    assert all(e < s for e, s in zip(v["attention_bits_end"], v["attention_bits_start"]))  # attention focuses
-    assert len(v["rho_best_end"]) == v["n_layers"] and all(0 <= r <= 1 for r in v["rho_best_end"])
-    assert v["key_cos_simplex"] == 1 / (v["V"] - 1)
-    assert v["frame_settled_step"] >= 0 and v["precision_settled_step"] >= 0
+    ratio = [a / u for a, u in zip(v["attention_bits_by_position"], v["uniform_bits_by_position"]) if u > 0]
+    assert max(ratio) < 1  # attention below uniform causal attention at every position
+    assert v["frame_comparisons"] == 3 * v["n_frame_seeds"] and v["control_mae_bits"] < 1.0
 
 
 def test_wt_laws_chapter(quick_runs):
     v = quick_runs("wt_laws")["values"]
     assert v["r2_max_error"] < 1e-5  # R2 holds exactly for the gradient inside the model
     assert v["sgd_value_alignment"] > 0  # a plain gradient step moves values along R2 on balance
-    for run in ("baseline", "values_frozen", "routing_frozen", "em_style"):
-        assert v[f"mae_{run}"] > 0
+    assert v["score_sign_agreement_eta_range"] < 0.02  # the probe is in its first-order regime
 
 
 def test_scorecard_rows_come_from_the_records(root, quick_runs):
     from attention_dynamics.book.profiles import load_profiles
-    from attention_dynamics.book.scorecard import CLAIMS, FAILS, HOLDS, PARTLY, UNMEASURED, consistent, evaluate, render
+    from attention_dynamics.book.scorecard import CLAIMS, VERDICTS, evaluate, render
 
     chapters = load_profiles(root)
     assert {c.chapter for c in CLAIMS if c.chapter} <= set(chapters)
-    records = {name: quick_runs(name) for name in chapters}
-    rows = evaluate(records)
-    assert len(rows) == len(CLAIMS) and all(r["verdict"] in (HOLDS, PARTLY, FAILS, UNMEASURED) for r in rows)
+    rows = evaluate({name: quick_runs(name) for name in chapters})
+    assert len(rows) == len(CLAIMS) and all(r["verdict"] in VERDICTS for r in rows)
     assert {r["result"] for r in rows} == {f"R{i}" for i in range(1, 10)}
     exact = [r for r in rows if "an exact identity" in r["paper"]]
-    assert exact and all(r["verdict"] == HOLDS for r in exact)
-    assert evaluate({})[0]["verdict"] == UNMEASURED  # a chapter that did not run is not judged
+    assert exact and all(r["verdict"] == "holds" for r in exact)
     page = render(rows, {"x": "quick"})
     assert page.count("\n| R") == len(CLAIMS) and "{doc}`chapters/routing_law`" in page
     table = [l for l in page.splitlines() if l.startswith("| R")]
     assert all(l.replace("\\|", "").count("|") == 7 for l in table)  # six cells: no stray | splits a row
-    assert consistent(2.031, 0.021)(2.05, 0.01) == HOLDS and consistent(2.031, 0.021)(2.2, 0.01) == FAILS
+
+
+def test_every_chapter_opens_with_its_computed_summary(root, quick_runs):
+    """The summary box is glued by the notebook from its record (the scorecard's rules) and
+    shown at the top of the page."""
+    import nbformat
+
+    from attention_dynamics.book.profiles import load_profiles
+    from attention_dynamics.book.scorecard import summary_markdown
+
+    for name in load_profiles(root):
+        record = quick_runs(name)
+        nb = nbformat.read(quick_runs.out_dir / f"{name}.ipynb", as_version=4)
+        first_md = next(c for c in nb.cells if c.cell_type == "markdown")
+        assert "```{glue:md} summary" in first_md.source, name
+        glued = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs
+                 if o.get("metadata", {}).get("scrapbook", {}).get("name") == "summary"]
+        shown = glued[-1]["data"]["application/papermill.record/text/markdown"] if glued else None
+        assert shown == summary_markdown(name, record["values"], "quick"), name
+
+
+def test_outcome_sentences_follow_the_results(root, quick_runs, tmp_path):
+    """Rerun a chapter with parameters that flip its outcome: the glued sentences and the
+    summary's verdict change with it (no outcome is fixed text)."""
+    from attention_dynamics.book.runner import execute, make_jobs
+
+    base = quick_runs("two_timescale_em")["values"]
+    (job,) = make_jobs(root, "quick", only=["two_timescale_em"], out_dir=tmp_path,
+                       overrides={"ratios": [1, 3000]})  # every faster ratio diverges
+    flipped = execute(job).record["values"]
+    assert base["ratio_reading"].startswith("Faster values help")
+    assert flipped["ratio_reading"].startswith("Faster values do not help")
+    assert "The two-timescale reading is not borne out" in flipped["ratio_reading"]
+    from attention_dynamics.book.scorecard import verdicts
+
+    assert verdicts("two_timescale_em", base)["r6_faster_values"] == "holds"
+    assert verdicts("two_timescale_em", flipped)["r6_faster_values"] != "holds"
 
 
 def test_every_chapter_has_its_figures(root, quick_runs):

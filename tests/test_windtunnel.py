@@ -11,7 +11,8 @@ import torch
 
 from attention_dynamics.geometry import (attention_entropy_bits, calibration_errors, entropy_bits, key_orthogonality,
                                          pc_shares, random_frame_abs_cosine, spearman)
-from attention_dynamics.tasks.bijection import (WindTunnel, bayes_entropy_bits, posterior, sample_batch,
+from attention_dynamics.tasks.bijection import (WindTunnel, bayes_entropy_bits, posterior, posterior_entropy_bits,
+                                                sample_batch,
                                                 supervised_positions)
 from attention_dynamics.transformer import CausalTransformer, TransformerConfig, parameter_groups
 from attention_dynamics.geometry import measure
@@ -50,6 +51,25 @@ def test_posterior_and_entropies_match_enumeration(V, L):
         ent = [-(p[p > 0] * np.log2(p[p > 0])).sum() for p in ref]
         assert np.allclose(bayes_entropy_bits(task).numpy(), ent, atol=1e-12)
         assert post[b, np.arange(L + 1), targets[b]].min() > 0  # every target is possible
+
+
+@pytest.mark.parametrize("V,L", [(3, 3), (4, 5), (5, 4)])
+def test_posterior_with_repeated_keys_matches_enumeration(V, L):
+    """The control variant: keys drawn with replacement; a repeated key's value is certain,
+    and the posterior entropy at a position varies from sample to sample."""
+    task = WindTunnel(V, L, repeats=True)
+    tokens, targets = sample_batch(task, 40, torch.Generator().manual_seed(V * 10 + L))
+    post = posterior(tokens, task)
+    bits = posterior_entropy_bits(post)
+    for b in range(8):
+        ref = brute_force_posterior(tokens[b].tolist(), V, L)
+        assert np.allclose(post[b].numpy(), ref, atol=1e-12)
+    assert post[torch.arange(40)[:, None], torch.arange(L + 1), targets].min() > 0
+    keys = tokens[:, 0:2 * L:2]
+    assert any(len(set(r.tolist())) < L for r in keys)  # some keys do repeat
+    assert float(bits[:, 1:L].std(0).max()) > 0  # entropy is not a function of position alone
+    with pytest.raises(ValueError, match="depends on the sample"):
+        bayes_entropy_bits(task)
 
 
 def test_samples_are_valid_bijection_sequences():

@@ -27,7 +27,7 @@ from torch import Tensor
 
 from .tasks.sticky_chain import D_X, N_STATES, StickySequence, sample_sequences
 from .training import HEAD_ROLES, SGD, History, StepOutput, em_style, head_rates, train
-from .validation import check_int, check_int_list, check_same_dtype_device, check_tensor
+from .validation import check_float, check_int, check_int_list, check_same_dtype_device, check_tensor
 
 __all__ = ["BlockedStats", "blocked_causal_step", "causal_head_loss_fn", "dense_causal_forward", "D_K", "D_V",
            "PROTOCOL_SCHEDULES", "init_heads", "protocol_rates", "train_reference", "ProtocolConfig", "ProtocolRun", "run_protocol"]
@@ -180,14 +180,16 @@ PROTOCOL_SCHEDULES = {"SGD": em_style(0.01, 0.01), "EM-style": em_style(0.01, 0.
 
 def init_heads(seeds, *, std: float = 0.1, d_x: int = D_X, d_k: int = D_K, d_v: int = D_V,
                n_classes: int = N_STATES, dtype=torch.float32) -> dict[str, Tensor]:
-    """W_Q, W_K, W_V, W_O ~ N(0, std^2) for each seed, stacked on a leading run axis.
-    The weights of seed s come from a generator seeded s + 10**6 (the sequence uses s),
-    drawn in float64 and cast, so float32 and float64 runs start from the same point."""
+    """W_Q, W_K, W_V, W_O ~ N(0, std^2) for each seed, stacked on a leading run axis, drawn
+    as the authors' script draws them after ``torch.manual_seed(seed)``: from a generator
+    seeded ``seed``, in that order, in float32, each scaled by ``std``; given in ``dtype``
+    (so float32 and float64 runs start from the same point)."""
     out = {"W_Q": [], "W_K": [], "W_V": [], "W_O": []}
+    std = check_float("std", std, 0.0, None, low_open=True)
     for s in check_int_list("seeds", list(seeds), 0, None):
-        g = torch.Generator().manual_seed(check_int("seed", s, 0, None) + 10**6)
+        g = torch.Generator().manual_seed(s)
         for name, shape in (("W_Q", (d_x, d_k)), ("W_K", (d_x, d_k)), ("W_V", (d_x, d_v)), ("W_O", (d_v, n_classes))):
-            out[name].append(torch.randn(*shape, generator=g, dtype=torch.float64) * std)
+            out[name].append(torch.randn(*shape, generator=g, dtype=torch.float32) * std)
     return {n: torch.stack(v).to(dtype) for n, v in out.items()}
 
 
@@ -202,34 +204,38 @@ def protocol_rates(schedules: list[str], dtype=torch.float32) -> dict[str, Tenso
 
 
 def train_reference(seed: int, x: Tensor, y: Tensor, schedule: str, n_steps: int) -> list[float]:
-    """The protocol as the authors' script runs it: one run, autograd, the full T x T
-    masked softmax, torch.optim.SGD with one parameter group per learning rate. Returns the
-    loss before each update and after the last (n_steps + 1 values). The benchmark's
-    baseline and the fast path's reference."""
+    """The protocol run the way the authors' script runs it, for one seed: autograd through
+    the full T x T masked softmax; SGD with ``torch.optim.SGD`` at 0.01 on every matrix;
+    EM-style with the script's in-place updates W <- W - lr * dL/dW (0.1 on W_V, 0.01 on
+    the rest). Returns the loss before each update and after the last (n_steps + 1 values):
+    the script's loss curve followed by its final evaluation. The fast path's reference and
+    the benchmark's baseline (chapter *The sticky Markov chain: speed*)."""
     if schedule not in PROTOCOL_SCHEDULES:
         raise ValueError(f"schedule must be one of {list(PROTOCOL_SCHEDULES)}, got {schedule!r}")
     n_steps = check_int("n_steps", n_steps, 0, None)
     w = {n: t[0].clone().requires_grad_(True) for n, t in init_heads([seed], dtype=x.dtype).items()}
-    lrs = head_rates(PROTOCOL_SCHEDULES[schedule])
-    groups = {}
-    for n, lr in lrs.items():
-        groups.setdefault(lr, []).append(w[n])
-    opt = torch.optim.SGD([{"params": ps, "lr": lr} for lr, ps in groups.items()], lr=0.01)
+    rates = head_rates(PROTOCOL_SCHEDULES[schedule])
+    opt = torch.optim.SGD(list(w.values()), lr=rates["W_Q"]) if schedule == "SGD" else None
     T = x.shape[0]
-    mask = torch.tril(torch.ones(T, T, dtype=torch.bool))
+    future = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
     losses = []
     for step in range(n_steps + 1):
         Q, K, V = x @ w["W_Q"], x @ w["W_K"], x @ w["W_V"]
-        S = (Q @ K.T) / math.sqrt(Q.shape[-1])
-        S = S.masked_fill(~mask, float("-inf"))
-        logits = torch.softmax(S, dim=-1) @ V @ w["W_O"]
+        S = (Q @ K.T / math.sqrt(Q.shape[-1])).masked_fill(future, float("-inf"))
+        logits = (torch.softmax(S, dim=-1) @ V) @ w["W_O"]
         loss = torch.nn.functional.cross_entropy(logits, y)
         losses.append(loss.item())
         if step == n_steps:
             break
-        opt.zero_grad()
         loss.backward()
-        opt.step()
+        with torch.no_grad():
+            if opt is not None:
+                opt.step()
+            else:
+                for name in ("W_V", "W_Q", "W_K", "W_O"):
+                    w[name] -= rates[name] * w[name].grad
+        for t in w.values():
+            t.grad = None
     return losses
 
 

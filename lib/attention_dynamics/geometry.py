@@ -22,6 +22,8 @@ __all__ = [
     "key_orthogonality",
     "attention_entropy_bits",
     "measure",
+    "partial_spearman",
+    "frame_mass",
 ]
 
 LOG2E = 1 / math.log(2)
@@ -42,13 +44,14 @@ def calibration_errors(log_probs: Tensor, bayes_bits: Tensor, posterior: Tensor 
     given the posterior (B, P, C), the mean KL(posterior || model) in bits; plus 'mae', the
     mean absolute entropy error over all samples and positions."""
     check_tensor("log_probs", log_probs, ndim=3, finite=False)  # log 0 = -inf is legitimate
-    check_tensor("bayes_bits", bayes_bits, ndim=1)
-    if bayes_bits.shape[0] != log_probs.shape[1]:
-        raise ValueError(f"bayes_bits must give one entropy per position ({log_probs.shape[1]}), got {bayes_bits.shape[0]}")
+    check_tensor("bayes_bits", bayes_bits, min_ndim=1)
+    if bayes_bits.shape not in ((log_probs.shape[1],), tuple(log_probs.shape[:2])):
+        raise ValueError(f"bayes_bits must give one entropy per position ({log_probs.shape[1]},) or per sample and "
+                         f"position {tuple(log_probs.shape[:2])}, got shape {tuple(bayes_bits.shape)}")
     if posterior is not None and posterior.shape != log_probs.shape:
         raise ValueError(f"posterior must have the shape of log_probs {tuple(log_probs.shape)}, got {tuple(posterior.shape)}")
     H = entropy_bits(log_probs.double())
-    err = (H - bayes_bits[None].to(H.dtype)).abs()
+    err = (H - (bayes_bits if bayes_bits.dim() == 2 else bayes_bits[None]).to(H.dtype)).abs()
     out = {"model_bits": H.mean(0), "abs_error_bits": err.mean(0), "mae": err.mean()}
     if posterior is not None:
         p = posterior.to(torch.float64)
@@ -126,34 +129,64 @@ def attention_entropy_bits(weights: Tensor) -> Tensor:
     return attention_entropy(weights) * LOG2E
 
 
-def measure(model, task, ev, *, geometry: bool = True) -> dict:
+def partial_spearman(x, y, z) -> float:
+    """Spearman correlation of x and y with z held fixed: the partial correlation of their
+    ranks, (r_xy - r_xz r_yz) / sqrt((1 - r_xz^2)(1 - r_yz^2)); NaN when z determines x or y."""
+    r_xy, r_xz, r_yz = spearman(x, y), spearman(x, z), spearman(y, z)
+    den = math.sqrt(max((1 - r_xz**2) * (1 - r_yz**2), 0.0))
+    return float((r_xy - r_xz * r_yz) / den) if den > 1e-12 else float("nan")
+
+
+def frame_mass(weights: Tensor, tokens: Tensor, L: int) -> Tensor:
+    """Per sample and head, the attention mass the query puts on the pairs that hold its
+    key (the key token and the value after it): how firmly the frame routes the query to
+    the answer. weights: (B, H, T, T); tokens: (B, 2L + 1). Returns (B, H)."""
+    keys, q = tokens[:, 0:2 * L:2], tokens[:, 2 * L]
+    match = (keys == q[:, None]).to(weights.dtype)  # (B, L)
+    pair = match.repeat_interleave(2, dim=1)  # (B, 2L): key and value positions of the matching pairs
+    return (weights[:, :, 2 * L, :2 * L] * pair[:, None, :]).sum(-1)
+
+
+def measure(model, task, ev, *, geometry: bool = True, frame: bool = False) -> dict:
     """A wind-tunnel model (:mod:`attention_dynamics.windtunnel`) measured on an evaluation
     set (:class:`attention_dynamics.tasks.bijection.EvalSet`): calibration against the exact
-    posterior (bits) and, with ``geometry``, per layer: value-manifold PC shares and
-    the best head's rank correlation of the leading value coordinate with the Bayes
-    entropy, key orthogonality against the random baseline, and attention entropy by
-    supervised position (bits), averaged over heads."""
+    posterior (bits); with ``frame`` (implied by ``geometry``) the frame mass (mean over
+    samples, heads and layers of :func:`frame_mass`); with ``geometry``, per layer:
+    value-manifold PC shares and each head's rank correlation of the leading value coordinate
+    with the Bayes entropy (and, with repeated keys, with the position held fixed), key
+    orthogonality against the random baseline, attention entropy by supervised position
+    (bits) beside uniform causal attention's, all averaged over heads; and the same
+    averaged over layers."""
     from .transformer import evaluating
     from .windtunnel import supervised_log_probs
 
+    inspect = geometry or frame
     with evaluating(model):
-        logp, traces = supervised_log_probs(model, ev.tokens, task, inspect=geometry)
+        logp, traces = supervised_log_probs(model, ev.tokens, task, inspect=inspect)
     cal = calibration_errors(logp, ev.bayes_bits, ev.posterior)
     out = {"mae_bits": float(cal["mae"]), "model_bits": cal["model_bits"].numpy(),
            "abs_error_bits": cal["abs_error_bits"].numpy(), "kl_bits": cal["kl_bits"].numpy(),
            "loss": float(torch.nn.functional.nll_loss(logp.reshape(-1, task.V), ev.targets.reshape(-1)))}
+    if not inspect:
+        return out
+    masses = [frame_mass(tr.attention.weights, ev.tokens, task.L).mean(0) for tr in traces]  # (H,) per layer
+    out["frame_mass"] = float(torch.stack(masses).mean())
     if not geometry:
         return out
     pos = supervised_positions(task)
     key_pos = torch.arange(0, 2 * task.L, 2)
+    position = pos[None].expand(ev.tokens.shape[0], -1).reshape(-1).numpy()
     layers = []
-    for tr in traces:
+    for tr, mass in zip(traces, masses):
         H = tr.v.shape[1]
-        shares, rhos, orth, attn = [], [], [], []
+        shares, rhos, partial, orth, attn = [], [], [], [], []
         for h in range(H):
             vals = tr.v[:, h][:, pos].reshape(-1, tr.v.shape[-1])  # values at the supervised positions
             shares.append(pc_shares(vals, 3))
-            rhos.append(spearman(leading_coordinate(vals).numpy(), ev.pos_bits.reshape(-1).numpy()))
+            coord = leading_coordinate(vals).numpy()
+            rhos.append(spearman(coord, ev.pos_bits.reshape(-1).numpy()))
+            if task.repeats:
+                partial.append(partial_spearman(coord, ev.pos_bits.reshape(-1).numpy(), position))
             keys = tr.k[:, h][:, key_pos].reshape(-1, tr.k.shape[-1])
             orth.append(key_orthogonality(keys, ev.tokens[:, key_pos].reshape(-1), task.V))
             attn.append(attention_entropy_bits(tr.attention.weights[:, h][:, pos]).mean(0).numpy())
@@ -162,7 +195,13 @@ def measure(model, task, ev, *, geometry: bool = True) -> dict:
             "pc_shares": np.mean(shares, 0), "rho_best": float(abs(rhos[best])), "rho_best_head": best,
             "rho_mean": float(np.mean(np.abs(rhos))), "key_abs_cos": float(np.mean([o[0] for o in orth])),
             "key_abs_cos_random": float(orth[0][1]), "attention_bits": np.mean(attn, 0),
+            "rho_partial_mean": float(np.mean(np.abs(partial))) if partial else float("nan"),
+            "frame_mass": float(mass.mean()),
             "attention_maps": tr.attention.weights[:, :, pos].mean(0).numpy(),  # (H, P, T) mean over samples
         })
     out["layers"] = layers
+    out["uniform_bits"] = np.log2(pos.numpy() + 1.0)  # uniform causal attention over the visible keys
+    for key in ("rho_mean", "key_abs_cos", "rho_partial_mean"):
+        out[key] = float(np.mean([layer[key] for layer in layers]))
+    out["attention_bits"] = np.mean([layer["attention_bits"] for layer in layers], 0)
     return out

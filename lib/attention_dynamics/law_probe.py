@@ -26,10 +26,12 @@ def law_probe(model: CausalTransformer, optimizer: torch.optim.AdamW, task: Wind
               targets: Tensor, *, sgd_lr: float | None = None) -> list[dict]:
     """R1 and R2 inside the real model: one training step (a copy of the model and of the
     optimizer's state, so training is untouched) on a fixed probe batch, and per layer and
-    head: how often the change of attention follows -sign(advantage) (plain and weighted by
-    alpha |advantage|), the cosine between the change of the values and R2's direction
-    -sum_i alpha_ij u_i, and the relative per-step change of attention, values, and of the
-    routing and value weights. ``sgd_lr``: take a plain gradient step of that size instead
+    head: the change of the scores against R1's -dL/ds (the sign agreement of the centred
+    change Delta s - mean_j Delta s with -dL/ds, entry by entry, and their cosine: each row
+    is centred because adding a constant to a row of scores changes nothing), how often the
+    change of attention follows -sign(advantage) (plain and weighted by alpha |advantage|),
+    the cosine between the change of the values and R2's direction -sum_i alpha_ij u_i, and
+    the relative per-step change of attention, values, and of the routing and value weights. ``sgd_lr``: take a plain gradient step of that size instead
     of the optimizer's (AdamW) step, to see the gradient's own direction. Also reports
     'r2_error', the largest relative gap between autograd's dL/dv and R2's sum_i alpha_ij u_i."""
     twin = copy.deepcopy(model)
@@ -46,11 +48,13 @@ def law_probe(model: CausalTransformer, optimizer: torch.optim.AdamW, task: Wind
     logp, traces = supervised_log_probs(twin, tokens, task, inspect=True)
     for tr in traces:
         tr.attention.output.retain_grad()
+        tr.attention.scores.retain_grad()
         tr.v.retain_grad()
     loss = torch.nn.functional.nll_loss(logp.reshape(-1, task.V), targets.reshape(-1))
     loss.backward()
     before = {n: p.detach().clone() for n, p in twin.named_parameters()}
     pre = [(tr.attention.weights.detach(), tr.v.detach(), tr.attention.output.grad.detach()) for tr in traces]
+    scores = [(tr.attention.scores.detach(), tr.attention.scores.grad.detach()) for tr in traces]
     r2_errors = [float(((tr.attention.weights.detach().transpose(-1, -2) @ tr.attention.output.grad) - tr.v.grad).abs().max()
                        / tr.v.grad.abs().max().clamp_min(1e-30)) for tr in traces]
     opt.step()
@@ -59,7 +63,8 @@ def law_probe(model: CausalTransformer, optimizer: torch.optim.AdamW, task: Wind
     groups = parameter_groups(twin)
     now = {n: p.detach() for n, p in twin.named_parameters()}
     out = []
-    for layer, ((alpha, v, u), tr) in enumerate(zip(pre, after)):
+    for layer, ((alpha, v, u), (s0, ds), tr) in enumerate(zip(pre, scores, after)):
+        score_change = _centred_change(s0, tr.attention.scores)
         b = compatibility(u, v)
         d_alpha = tr.attention.weights - alpha
         d_v = tr.v - v
@@ -75,12 +80,32 @@ def law_probe(model: CausalTransformer, optimizer: torch.optim.AdamW, task: Wind
         for h in range(alpha.shape[1]):
             rate, wrate, _ = advantage_sign_agreement(alpha[:, h], b[:, h], d_alpha[:, h])
             cos = torch.nn.functional.cosine_similarity(d_v[:, h].reshape(1, -1), r2[:, h].reshape(1, -1)).item()
-            out.append({"layer": layer, "head": h, "sign_agreement": rate, "weighted_agreement": wrate,
+            s_rate, s_cos = _score_agreement(score_change[:, h], -ds[:, h])
+            out.append({"layer": layer, "head": h, "score_sign_agreement": s_rate, "score_cosine": s_cos,
+                        "sign_agreement": rate, "weighted_agreement": wrate,
                         "value_alignment": cos, "r2_error": r2_errors[layer],
                         "attention_change": float(d_alpha[:, h].norm() / alpha[:, h].norm()),
                         "value_change": float(d_v[:, h].norm() / v[:, h].norm()),
                         "routing_weight_change": rel["routing"], "value_weight_change": rel["values"]})
     return out
+
+
+def _centred_change(s0: Tensor, s1: Tensor) -> Tensor:
+    """s1 - s0 at the visible entries, each row's mean over its visible entries removed; 0
+    at the hidden (future) ones."""
+    visible = torch.isfinite(s0)
+    d = torch.where(visible, s1 - s0, torch.zeros((), dtype=s0.dtype))
+    count = visible.sum(-1, keepdim=True).clamp_min(1)
+    return torch.where(visible, d - d.sum(-1, keepdim=True) / count, torch.zeros((), dtype=s0.dtype))
+
+
+def _score_agreement(change: Tensor, direction: Tensor, rel_tol: float = 1e-6) -> tuple[float, float]:
+    """How often the change has the sign of the direction, over the entries where both are
+    measurably non-zero, and the cosine between the two."""
+    keep = (direction.abs() > rel_tol * direction.abs().max()) & (change.abs() > rel_tol * change.abs().max())
+    rate = float((torch.sign(change) == torch.sign(direction))[keep].double().mean()) if bool(keep.any()) else float("nan")
+    cos = torch.nn.functional.cosine_similarity(change.reshape(1, -1), direction.reshape(1, -1)).item()
+    return rate, cos
 
 
 def _group_names(model: CausalTransformer, group: dict) -> list[str]:

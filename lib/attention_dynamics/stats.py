@@ -72,13 +72,17 @@ def exponential_growth_rate(steps, values) -> float:
     return float(np.polyfit(steps[phase], np.log(values[phase]), 1)[0])
 
 
-def line_fit(x, y) -> tuple[float, float]:
-    """Least-squares line y = slope * x + intercept; returns (slope, intercept)."""
+def line_fit(x, y) -> tuple[float, float, float]:
+    """Least-squares line y = slope * x + intercept; returns (slope, intercept, standard
+    error of the slope; NaN with fewer than three points)."""
     x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     if x.shape != y.shape or x.ndim != 1 or x.size < 2:
         raise ValueError(f"x and y must be 1-D of the same length >= 2, got {x.shape} and {y.shape}")
     coef = np.linalg.lstsq(np.stack([x, np.ones_like(x)], 1), y, rcond=None)[0]
-    return float(coef[0]), float(coef[1])
+    resid = y - (coef[0] * x + coef[1])
+    spread = np.sum((x - x.mean()) ** 2)
+    se = float(np.sqrt(resid @ resid / (x.size - 2) / spread)) if x.size > 2 and spread > 0 else float("nan")
+    return float(coef[0]), float(coef[1]), se
 
 
 def settle_step(distance, fraction: float, steps) -> int:

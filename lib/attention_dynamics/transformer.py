@@ -74,6 +74,11 @@ class HeadTrace:
 
 
 class Block(nn.Module):
+    """Pre-LayerNorm: h + proj(attention(ln1(h))), then h + ff(ln2(h)). Dropout sits where
+    the authors' deep model has it in the feed-forward branch (after the GELU and after the
+    second linear map); their dropout on the attention weights is left out (PyTorch's fused
+    CPU attention has none)."""
+
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
         self.n_heads = cfg.n_heads
@@ -84,9 +89,8 @@ class Block(nn.Module):
         self.v = nn.Linear(cfg.d_model, cfg.d_model)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model)
         self.ln2 = nn.LayerNorm(cfg.d_model)
-        self.ff = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_ff), nn.GELU(), nn.Linear(cfg.d_ff, cfg.d_model))
-        self.drop = nn.Dropout(cfg.dropout)
-        self.p_attn = cfg.dropout
+        self.ff = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_ff), nn.GELU(), nn.Dropout(cfg.dropout),
+                                nn.Linear(cfg.d_ff, cfg.d_model), nn.Dropout(cfg.dropout))
 
     def forward(self, h: Tensor, inspect: bool = False) -> tuple[Tensor, HeadTrace | None]:
         B, T, D = h.shape
@@ -99,8 +103,8 @@ class Block(nn.Module):
             trace = HeadTrace(q, k, v, att)
         else:
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=0.0)
-        h = h + self.drop(self.proj(o.transpose(1, 2).reshape(B, T, D)))
-        h = h + self.drop(self.ff(self.ln2(h)))
+        h = h + self.proj(o.transpose(1, 2).reshape(B, T, D))
+        h = h + self.ff(self.ln2(h))
         return h, trace
 
 
@@ -113,7 +117,6 @@ class CausalTransformer(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.ln_f = nn.LayerNorm(cfg.d_model)
         self.out = nn.Linear(cfg.d_model, cfg.n_out)
-        self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x: Tensor, *, inspect: bool = False) -> tuple[Tensor, list[HeadTrace]]:
         """x: (B, T, d_in) floats or (B, T) token ids. Returns the logits (B, T, n_out) and,
@@ -138,7 +141,6 @@ class CausalTransformer(nn.Module):
             if T > self.cfg.max_len:
                 raise ValueError(f"sequence length {T} exceeds max_len = {self.cfg.max_len}")
             h = h + self.pos(torch.arange(T, device=h.device))
-        h = self.drop(h)
         traces = []
         for block in self.blocks:
             h, tr = block(h, inspect)
@@ -195,11 +197,18 @@ def log_probs_at(model: CausalTransformer, inputs: Tensor, positions: Tensor | N
     return torch.log_softmax(logits, -1), traces
 
 
-def sequence_metrics(model: CausalTransformer, inputs: Tensor, targets: Tensor) -> dict[str, float]:
-    """The model's next-step predictions at every position, in evaluation mode (no
-    dropout): mean cross-entropy and predictive entropy (nats) and accuracy."""
-    with evaluating(model):
-        logp, _ = log_probs_at(model, inputs)
+def sequence_metrics(model: CausalTransformer, inputs: Tensor, targets: Tensor, *,
+                     dropout: bool = False) -> dict[str, float]:
+    """The model's next-step predictions at every position: mean cross-entropy and
+    predictive entropy (nats) and accuracy. In evaluation mode (no dropout) unless
+    ``dropout``: then with dropout active, as the authors' script evaluates (it never
+    calls ``model.eval()``)."""
+    if dropout:
+        with torch.no_grad():
+            logp, _ = log_probs_at(model, inputs)
+    else:
+        with evaluating(model):
+            logp, _ = log_probs_at(model, inputs)
     return {"loss": float(-logp.gather(-1, targets[..., None]).mean()),
             "entropy": float(-(logp.exp() * logp).sum(-1).mean()),
             "accuracy": float((logp.argmax(-1) == targets).double().mean())}

@@ -17,7 +17,7 @@ from torch import Tensor
 from .tasks.bijection import EvalSet, WindTunnel, eval_set, sample_batch, supervised_positions
 from .training import History
 from .transformer import CausalTransformer, TransformerConfig, fit, log_probs_at
-from .validation import check_float, check_int
+from .validation import check_bool, check_float, check_int
 
 __all__ = ["WindTunnelConfig", "supervised_log_probs"]
 
@@ -27,7 +27,8 @@ class WindTunnelConfig:
     """The settings of a wind-tunnel run, validated by name: alphabet ``V``, ``L`` pairs in
     context, the model (``d_model`` wide, ``n_layers`` layers of ``n_heads`` heads, feed-forward
     4 x d_model), ``n_steps`` AdamW steps on ``batch`` fresh sequences at rate ``lr`` (cosine
-    decay to zero), ``seed`` for the weights and the data, ``eval_size`` held-out sequences."""
+    decay to zero), ``seed`` for the weights and the data, ``eval_size`` held-out sequences;
+    ``repeats``: the control variant of the task (keys drawn with replacement)."""
 
     V: int = 8
     L: int = 7
@@ -39,6 +40,7 @@ class WindTunnelConfig:
     lr: float = 3e-3
     seed: int = 0
     eval_size: int = 512
+    repeats: bool = False  # keys drawn with replacement (the control variant of the task)
 
     def __post_init__(self):
         check_int("V", self.V, 2, 64)
@@ -53,6 +55,7 @@ class WindTunnelConfig:
         check_float("lr", self.lr, 0.0, 1.0, low_open=True)
         check_int("seed", self.seed, 0, 2**31 - 1)
         check_int("eval_size", self.eval_size, 16, 1_000_000)
+        check_bool("repeats", self.repeats)
 
     @classmethod
     def from_dict(cls, settings: dict, name: str = "wind_tunnel") -> "WindTunnelConfig":
@@ -68,7 +71,7 @@ class WindTunnelConfig:
 
     @property
     def task(self) -> WindTunnel:
-        return WindTunnel(self.V, self.L)
+        return WindTunnel(self.V, self.L, repeats=self.repeats)
 
     def eval_set(self) -> EvalSet:
         """The held-out sequences every measurement uses (generator seed ``seed + 12345``)."""

@@ -9,6 +9,12 @@ supervise the L value tokens and the answer pi(q) after the query:
 - at the value of pair i (0-indexed), the answer is uniform over the V - i values not yet
   seen: posterior entropy log2(V - i) bits;
 - after the query the answer is certain: 0 bits.
+
+In this task the posterior entropy is a function of the position alone. The variant with
+``repeats=True`` draws the keys with replacement: a key seen before makes its value certain
+(0 bits), a new key leaves V - (distinct values seen) candidates, so that entropy and
+position part ways (the control of the value-manifold measurement, chapter *Geometry over
+training*).
 """
 from __future__ import annotations
 
@@ -21,17 +27,18 @@ from torch import Tensor
 from ..validation import check_int, check_tensor
 
 __all__ = ["WindTunnel", "bayes_entropy_bits", "posterior", "sample_batch", "supervised_positions", "EvalSet",
-           "eval_set"]
+           "eval_set", "posterior_entropy_bits"]
 
 
 @dataclass(frozen=True)
 class WindTunnel:
     V: int  # alphabet size
     L: int  # pairs in context
+    repeats: bool = False  # keys drawn with replacement (the control variant)
 
     def __post_init__(self):
         check_int("V", self.V, 2, 4096)
-        check_int("L", self.L, 1, self.V)
+        check_int("L", self.L, 1, 4096 if self.repeats else self.V)
 
     @property
     def length(self) -> int:
@@ -45,7 +52,10 @@ def supervised_positions(task: WindTunnel) -> Tensor:
 
 
 def bayes_entropy_bits(task: WindTunnel) -> Tensor:
-    """Exact posterior entropy in bits at each supervised position: log2(V - i), then 0."""
+    """Exact posterior entropy in bits at each supervised position: log2(V - i), then 0.
+    (With repeats the entropy depends on the sample: see :func:`posterior_entropy_bits`.)"""
+    if task.repeats:
+        raise ValueError("with repeats the posterior entropy depends on the sample; use posterior_entropy_bits")
     return torch.tensor([math.log2(task.V - i) for i in range(task.L)] + [0.0], dtype=torch.float64)
 
 
@@ -61,16 +71,30 @@ def posterior(tokens: Tensor, task: WindTunnel) -> Tensor:
     B = tokens.shape[0]
     V, L = task.V, task.L
     post = torch.zeros(B, L + 1, V, dtype=torch.float64)
-    seen = torch.zeros(B, V, dtype=torch.bool)
+    seen = torch.zeros(B, V, dtype=torch.bool)  # values shown so far
+    rows = torch.arange(B)
+    keys, vals = tokens[:, 0:2 * L:2], tokens[:, 1:2 * L:2]
     for i in range(L):
         free = ~seen
         post[:, i] = free.double() / free.sum(1, keepdim=True)
-        seen[torch.arange(B), tokens[:, 2 * i + 1]] = True
-    keys, vals = tokens[:, 0:2 * L:2], tokens[:, 1:2 * L:2]
+        if task.repeats:  # a key shown before: its value is known
+            before = keys[:, :i] == keys[:, i:i + 1]
+            known = before.any(1)
+            if bool(known.any()):
+                value = vals[rows, before.double().argmax(1)]
+                post[known, i] = 0.0
+                post[rows[known], i, value[known]] = 1.0
+        seen[rows, vals[:, i]] = True
     q = tokens[:, 2 * L]
-    answer = vals[keys == q[:, None]]
-    post[torch.arange(B), L, answer] = 1.0
+    answer = vals[rows, (keys == q[:, None]).double().argmax(1)]  # the first pair holding the query's key
+    post[rows, L, answer] = 1.0
     return post
+
+
+def posterior_entropy_bits(post: Tensor) -> Tensor:
+    """Entropy in bits of each exact posterior (..., V)."""
+    logp = torch.where(post > 0, post.log(), torch.zeros((), dtype=post.dtype))
+    return -(post * logp).sum(-1) / math.log(2)
 
 
 def sample_batch(task: WindTunnel, batch: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
@@ -81,7 +105,10 @@ def sample_batch(task: WindTunnel, batch: int, generator: torch.Generator) -> tu
         raise TypeError(f"generator must be a torch.Generator (seeded, for reproducible samples), got {type(generator).__name__}")
     V, L = task.V, task.L
     pi = torch.rand(B, V, generator=generator).argsort(1)  # a random bijection per sample
-    keys = torch.rand(B, V, generator=generator).argsort(1)[:, :L]  # L distinct keys
+    if task.repeats:
+        keys = torch.randint(0, V, (B, L), generator=generator)  # with replacement
+    else:
+        keys = torch.rand(B, V, generator=generator).argsort(1)[:, :L]  # L distinct keys
     vals = pi.gather(1, keys)
     q_idx = torch.randint(0, L, (B,), generator=generator)
     q = keys.gather(1, q_idx[:, None])
@@ -100,7 +127,7 @@ class EvalSet:
     tokens: Tensor
     targets: Tensor
     posterior: Tensor
-    bayes_bits: Tensor
+    bayes_bits: Tensor  # (L + 1,) the Bayes entropy by position; (B, L + 1) per sample with repeats
     pos_bits: Tensor  # (B, L + 1) the Bayes entropy of each supervised position (for correlations)
 
 
@@ -110,5 +137,9 @@ def eval_set(task: WindTunnel, n: int = 512, seed: int = 12345) -> EvalSet:
     check_int("n", n, 1, 10_000_000)
     gen = torch.Generator().manual_seed(seed)
     tokens, targets = sample_batch(task, n, gen)
+    post = posterior(tokens, task)
+    if task.repeats:
+        bits = posterior_entropy_bits(post)  # per sample and position
+        return EvalSet(tokens, targets, post, bits, bits)
     bits = bayes_entropy_bits(task)
-    return EvalSet(tokens, targets, posterior(tokens, task), bits, bits[None].expand(n, -1))
+    return EvalSet(tokens, targets, post, bits, bits[None].expand(n, -1))

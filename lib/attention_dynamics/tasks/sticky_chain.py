@@ -1,5 +1,6 @@
-"""The sticky Markov chain of the paper's headline experiment (R7), exactly as the digest
-gives the authors' protocol, with its Bayes floors.
+"""The sticky Markov chain of the paper's headline experiment (R7), drawn exactly as the
+authors' script draws it (same generator calls, dtype and order, so that each seed gives
+the script's own sequence), with its Bayes floors.
 
 - 8 states on a circle; off-diagonal weight 1/d(i, j) with circular distance d. The
   authors' script sets the diagonal to 0.3, normalizes the row, scales it by 0.7, adds 0.3
@@ -8,10 +9,6 @@ gives the authors' protocol, with its Bayes floors.
 - Symbol means mu_k in R^20 drawn N(0, I) once from a generator seeded 0.
 - Per run: 2000 states, uniform start; x_t = mu_{y_{t-1}} + eps_t, eps_t ~ N(0, I);
   target y_t; 1999 positions.
-
-The matrix is circulant (it depends on j - i mod 8 only), so the increments
-y_t - y_{t-1} mod 8 are i.i.d. draws from row 0: a whole sequence is a cumulative sum, with
-no loop over time.
 """
 from __future__ import annotations
 
@@ -38,6 +35,8 @@ __all__ = [
     "cross_entropy_of",
     "expected_floors",
     "predictor_loss",
+    "predictor_accuracy",
+    "generator_after",
 ]
 
 N_STATES = 8
@@ -47,27 +46,35 @@ SEEDS = (42, 2024, 1337, 7777, 9999)
 
 def transition_matrix(n_states: int = N_STATES, self_weight: float = 0.3, *, quirk: bool = True,
                       dtype=torch.float64) -> Tensor:
-    """The authors' transition matrix. ``quirk=False`` gives the matrix the script meant
-    (self-transition exactly ``self_weight``, the rest spread as 1/d)."""
+    """The authors' transition matrix, computed as their script computes it (row by row, in
+    float32: the row of weights 1/d with ``self_weight`` on the diagonal, normalized, scaled by
+    1 - self_weight, ``self_weight`` added on the diagonal again, renormalized), then given in
+    ``dtype``: the very matrix the sequences are drawn from. ``quirk=False`` gives the matrix
+    the script meant (self-transition exactly ``self_weight``, the rest spread as 1/d), in
+    float64 arithmetic."""
     n = check_int("n_states", n_states, 2, 1024)
     w = check_float("self_weight", self_weight, 0.0, 1.0, high_open=True)
     i = torch.arange(n)
     diff = (i[None, :] - i[:, None]).abs()
-    d = torch.minimum(diff, n - diff).to(dtype)
-    off = torch.where(d > 0, 1.0 / d.clamp_min(1), torch.zeros((), dtype=dtype))
+    d = torch.minimum(diff, n - diff).to(torch.float64)
+    inverse = torch.where(d > 0, 1.0 / d.clamp_min(1), torch.zeros((), dtype=torch.float64))
     if not quirk:
-        off = off / off.sum(1, keepdim=True)
-        return (1 - w) * off + w * torch.eye(n, dtype=dtype)
-    A = off + w * torch.eye(n, dtype=dtype)  # diagonal set to 0.3 ...
-    A = A / A.sum(1, keepdim=True)  # ... row normalized ...
-    A = (1 - w) * A  # ... scaled by 0.7 ...
-    A = A + w * torch.eye(n, dtype=dtype)  # ... 0.3 added on the diagonal again ...
-    return A / A.sum(1, keepdim=True)  # ... and renormalized
+        off = inverse / inverse.sum(1, keepdim=True)
+        return ((1 - w) * off + w * torch.eye(n, dtype=torch.float64)).to(dtype)
+    rows = []
+    for r in range(n):
+        diagonal = (i == r).float()
+        row = torch.where(i == r, torch.tensor(w), inverse[r]).float()  # stored in float32
+        row = row / row.sum() * (1 - w) + diagonal * w
+        rows.append(row / row.sum())
+    return torch.stack(rows).to(dtype)
 
 
 def symbol_means(n_states: int = N_STATES, d_x: int = D_X, seed: int = 0, dtype=torch.float64) -> Tensor:
+    """mu_k ~ N(0, I) drawn in float32 from a generator seeded ``seed`` (as the script draws
+    them after ``torch.manual_seed(0)``), given in ``dtype``."""
     g = torch.Generator().manual_seed(check_int("seed", seed, 0, None))
-    return torch.randn(n_states, d_x, generator=g, dtype=dtype)
+    return torch.randn(n_states, d_x, generator=g, dtype=torch.float32).to(dtype)
 
 
 @dataclass(frozen=True)
@@ -81,29 +88,38 @@ class StickySequence:
         return self.y.shape[1]
 
 
-def sample_sequences(seeds, *, n_states_seq: int = 2000, A: Tensor | None = None, means: Tensor | None = None,
-                     dtype=torch.float32) -> StickySequence:
-    """One sequence of ``n_states_seq`` states per seed (uniform start), stacked on a
-    leading run dimension; inputs in ``dtype``. Each seed's draws come from its own
-    generator: first the start state, then the increments, then the noise."""
+def sample_sequences(seeds, *, n_states_seq: int = 2000, dtype=torch.float32) -> StickySequence:
+    """One sequence of ``n_states_seq`` states per seed, stacked on a leading run dimension,
+    drawn exactly as the authors' script draws it after ``torch.manual_seed(seed)``: from a
+    generator seeded ``seed``, the start state (uniform), then each next state by one
+    ``multinomial`` call on the float32 row of the current state, then the noise N(0, I) in
+    float32; x_t = mu_{y_{t-1}} + eps_t in float32, given in ``dtype``. The held-out
+    sequence of seed s is the sequence of seed s + 10000, as in the script's deep variant."""
     seeds = check_int_list("seeds", list(seeds), 0, None)
-    A = transition_matrix() if A is None else A
-    means = symbol_means() if means is None else means
-    n = A.shape[0]
-    first = A[0]
-    if not torch.allclose(A, torch.stack([first.roll(i) for i in range(n)]), atol=1e-12):
-        raise ValueError("the cumulative-sum sampler needs a circulant transition matrix")
     L = check_int("n_states_seq", n_states_seq, 2, 10_000_000)
-    states, noise = [], []
-    for s in seeds:
-        g = torch.Generator().manual_seed(check_int("seed", s, 0, None))
-        y0 = torch.randint(0, n, (1,), generator=g)
-        inc = torch.multinomial(first.to(torch.float64), L - 1, replacement=True, generator=g)
-        states.append(torch.cat([y0, (y0 + inc.cumsum(0)) % n]))
-        noise.append(torch.randn(L - 1, means.shape[1], generator=g, dtype=torch.float64))
-    states = torch.stack(states)
-    x = means[states[:, :-1]] + torch.stack(noise)
+    drawn = [_draw(torch.Generator().manual_seed(s), L) for s in seeds]
+    states = torch.stack([d[0] for d in drawn])
+    x = torch.stack([d[1] for d in drawn])
     return StickySequence(states=states, x=x.to(dtype), y=states[:, 1:].clone())
+
+
+def generator_after(seed: int, n_states_seq: int = 2000) -> torch.Generator:
+    """A generator seeded ``seed`` that has drawn that seed's sequence: where the script's
+    deep variant goes on to draw its model's initial weights (after the held-out sequence,
+    seed + 10000)."""
+    g = torch.Generator().manual_seed(check_int("seed", seed, 0, None))
+    _draw(g, check_int("n_states_seq", n_states_seq, 2, 10_000_000))
+    return g
+
+
+def _draw(g: torch.Generator, L: int) -> tuple[Tensor, Tensor]:
+    P = transition_matrix(dtype=torch.float32)
+    means = symbol_means(dtype=torch.float32)
+    seq = [int(torch.randint(N_STATES, (1,), generator=g))]
+    for _ in range(L - 1):  # sequential: each draw depends on the last state
+        seq.append(int(torch.multinomial(P[seq[-1]], 1, generator=g)))
+    states = torch.tensor(seq)
+    return states, means[states[:-1]] + torch.randn(L - 1, D_X, generator=g, dtype=torch.float32)
 
 
 def stationary_distribution(A: Tensor) -> Tensor:
@@ -172,6 +188,13 @@ def predictor_loss(predictor, seq: StickySequence, A: Tensor | None = None, mean
     A = transition_matrix() if A is None else A
     means = symbol_means() if means is None else means
     return cross_entropy_of(predictor(seq.x.double(), A, means), seq.y)
+
+
+def predictor_accuracy(predictor, seq: StickySequence) -> Tensor:
+    """How often a Bayes predictor's most probable next state is the true one, on each of
+    ``seq``'s sequences: (R,)."""
+    logp = predictor(seq.x.double(), transition_matrix(), symbol_means())
+    return (logp.argmax(-1) == seq.y).double().mean(-1)
 
 
 def expected_floors(n_sequences: int = 64, *, seed: int = 123456, length: int = 2000) -> dict[str, float]:

@@ -1,0 +1,151 @@
+"""Every verdict rule of the scorecard, fed a record where its claim barely holds and one
+where it is false: the verdict must flip. Rules that compare means do so by their standard
+errors, so a wrong mean fails even when the spreads across seeds overlap."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from attention_dynamics.book.scorecard import (CLAIMS, FAILS, HOLDS, INCONCLUSIVE, PARTLY, UNMEASURED, changed_claims,
+                                               evaluate, phrase, summary_markdown, verdicts)
+from attention_dynamics.reference import SCRIPT_R7
+
+BY_KEY = {c.key: c for c in CLAIMS}
+
+
+def verdict(key: str, values: dict) -> str:
+    return BY_KEY[key].read(values).verdict
+
+
+def protocol(**kw) -> dict:
+    """A sticky-chain record of the script's protocol: the script's own per-seed numbers,
+    changed by ``kw``."""
+    v = {"seeds": SCRIPT_R7["seeds"], "n_steps": 1000, "positions": 1999,
+         "sgd_final_per_seed": list(SCRIPT_R7["sgd_final"]), "em_final_per_seed": list(SCRIPT_R7["em_final"]),
+         "reach_steps_per_seed": list(SCRIPT_R7["reach_steps"]),
+         "sgd_acc_per_seed": list(SCRIPT_R7["sgd_accuracy"]), "em_acc_per_seed": list(SCRIPT_R7["em_accuracy"])}
+    v.update(kw)
+    return v
+
+
+def shifted(values, by):
+    return list(np.asarray(values, dtype=float) + by)
+
+
+# key: (a record where the claim barely holds, a record where it is false)
+CASES = {
+    "r1_exact": ({"max_rel_error_scores": 1e-12}, {"max_rel_error_scores": 2e-12}),
+    "r3_exact": ({"max_rel_error_other": 9e-13}, {"max_rel_error_other": 1e-9}),
+    "r2_exact": ({"r2_example_error": 1e-12}, {"r2_example_error": 1e-11}),
+    "r6_e_step": ({"e_step_error": 1e-12}, {"e_step_error": 1e-6}),
+    "r6_hard": ({"hard_max_gap": 1e-10}, {"hard_max_gap": 1e-3}),
+    "r1_head": ({"agreement_during": 0.9}, {"agreement_during": 0.55}),
+    "r1_transformer": ({"sgd_score_sign_agreement": 0.9, "sgd_score_cosine": 0.9},
+                       {"sgd_score_sign_agreement": 0.52, "sgd_score_cosine": 0.1}),
+    "r2_transformer": ({"sgd_value_alignment": 0.9}, {"sgd_value_alignment": 0.2}),
+    "r4_slope": ({"slopes_sv": [2.048, 2.049, 2.05]}, {"slopes_sv": [1.0, 1.02, 0.98]}),
+    "r5_entropy": ({"entropy_start": 1.0, "entropy_end": 0.7}, {"entropy_start": 1.0, "entropy_end": 1.1}),
+    "r5_specialization": ({"si_start": 0.0, "si_end": 0.5}, {"si_start": 0.3, "si_end": 0.35}),
+    "r5_symmetry": ({"steps_per_decade": 20.1, "steps_per_decade_se": 10.0, "n_specialized": 6, "n_symmetric_runs": 6},
+                    {"steps_per_decade": -3.0, "steps_per_decade_se": 1.0, "n_specialized": 6, "n_symmetric_runs": 6}),
+    "r6_soft": ({"fixed_point_distance_overlapping": 1e-3, "fixed_point_distance_well_separated": 0.0},
+                {"fixed_point_distance_overlapping": 1.0, "fixed_point_distance_well_separated": 0.1}),
+    "r6_faster_values": ({"ratio1_steps_per_seed": [300, 310, 290], "best_ratio_steps_per_seed": [199, 201, 200],
+                          "best_ratio": 30.0},
+                         {"ratio1_steps_per_seed": [300, 310, 290], "best_ratio_steps_per_seed": [310, 290, 300],
+                          "best_ratio": 1.0}),
+    "r7_seed_exact": (protocol(sgd_final_per_seed=shifted(SCRIPT_R7["sgd_final"], 9e-4)),
+                      protocol(em_final_per_seed=shifted(SCRIPT_R7["em_final"], 0.05))),
+    # 458 ± 164 (np.std, 5 seeds): a mean of 280 is still consistent, 100 is not
+    "r7_reach_steps": (protocol(reach_steps_per_seed=[280, 285, 275, 282, 278]),
+                       protocol(reach_steps_per_seed=[100, 105, 95, 102, 98])),
+    "r7_sgd_final": (protocol(sgd_final_per_seed=shifted(SCRIPT_R7["sgd_final"], 0.02)),
+                     protocol(sgd_final_per_seed=shifted(SCRIPT_R7["sgd_final"], 0.06))),
+    "r7_em_final": (protocol(em_final_per_seed=shifted(SCRIPT_R7["em_final"], -0.02)),
+                    protocol(em_final_per_seed=shifted(SCRIPT_R7["em_final"], 0.08))),
+    # speedup = 1000 / mean steps; the paper's 2.3 must lie in our 95% interval
+    "r7_speedup": ({"n_steps": 1000, "reach_steps_per_seed": [380, 420, 400, 450, 350]},
+                   {"n_steps": 1000, "reach_steps_per_seed": [1000, 1000, 990, 1000, 1000]}),
+    "r7_em_ahead": (protocol(), protocol(em_final_per_seed=list(SCRIPT_R7["sgd_final"]))),
+    "r7_accuracy": (protocol(), protocol(em_acc_per_seed=shifted(SCRIPT_R7["sgd_accuracy"], -0.01))),
+    "r7_deep": ({"test_accuracy_per_seed": [0.34, 0.35, 0.33], "filter_accuracy_per_seed": [0.35, 0.35, 0.35]},
+                {"test_accuracy_per_seed": [0.12, 0.13, 0.125], "filter_accuracy_per_seed": [0.35, 0.35, 0.35]}),
+    "r8_calibration": ({"mae_bits": 0.01}, {"mae_bits": 0.05}),
+    "r8_keys": ({"key_cos_end_mean": 0.18, "key_cos_random": 0.3, "key_cos_simplex": 1 / 7},
+                {"key_cos_end_mean": 0.35, "key_cos_random": 0.3, "key_cos_simplex": 1 / 7}),
+    "r8_values": ({"rho_mean_end": 0.8}, {"rho_mean_end": 0.3}),
+    "r8_control": ({"rho_partial_control": 0.5}, {"rho_partial_control": 0.1}),
+    "r8_focusing": ({"attention_bits_by_position": [0, 1.4, 1.9, 2.2, 2.3], "uniform_bits_by_position": [0, 1.58, 2.32, 2.81, 3.17]},
+                    {"attention_bits_by_position": [0, 1.7, 2.4, 2.9, 3.2], "uniform_bits_by_position": [0, 1.58, 2.32, 2.81, 3.17]}),
+    "r8_frame": ({"frame_first_count": 9, "precision_first_count": 0, "frame_comparisons": 9},
+                 {"frame_first_count": 0, "precision_first_count": 9, "frame_comparisons": 9}),
+    "r8_ablations": ({"mae_baseline": 0.01, "mae_values_frozen": 0.02, "mae_routing_frozen": 0.02},
+                     {"mae_baseline": 0.01, "mae_values_frozen": 0.011, "mae_routing_frozen": 0.012}),
+}
+
+
+def test_every_rule_has_its_cases():
+    assert set(CASES) == {c.key for c in CLAIMS} - {"r9"}
+
+
+@pytest.mark.parametrize("key", sorted(CASES))
+def test_a_false_record_fails_and_a_barely_true_one_holds(key):
+    barely, false = CASES[key]
+    assert verdict(key, barely) == HOLDS, BY_KEY[key].read(barely)
+    assert verdict(key, false) == FAILS, BY_KEY[key].read(false)
+
+
+def test_the_steps_row_compares_standard_errors_not_spreads():
+    """The old rule (two combined sds) let anything from 0 to ~920 steps hold; by standard
+    errors a mean of 150 steps is rejected even though its ± sd band touches the script's."""
+    wide = protocol(reach_steps_per_seed=[100, 150, 200, 250, 300])
+    assert verdict("r7_reach_steps", wide) in (PARTLY, FAILS)
+    assert verdict("r7_reach_steps", protocol()) == HOLDS
+
+
+def test_intermediate_verdicts():
+    assert verdict("r8_frame", {"frame_first_count": 4, "precision_first_count": 5, "frame_comparisons": 9}) == INCONCLUSIVE
+    assert verdict("r8_focusing", {"attention_bits_by_position": [0, 1.5, 2.2, 2.7, 3.1],
+                                   "uniform_bits_by_position": [0, 1.58, 2.32, 2.81, 3.17]}) == PARTLY
+    assert verdict("r1_head", {"agreement_during": 0.7}) == PARTLY
+
+
+def test_script_comparisons_are_not_measured_off_protocol():
+    quick = protocol(seeds=[42, 2024], n_steps=60, positions=399, sgd_final_per_seed=[2.07, 2.08],
+                     em_final_per_seed=[2.05, 2.06], reach_steps_per_seed=[12, 13], sgd_acc_per_seed=[0.2, 0.2],
+                     em_acc_per_seed=[0.21, 0.2])
+    for key in ("r7_seed_exact", "r7_sgd_final", "r7_em_final", "r7_reach_steps", "r7_accuracy"):
+        r = BY_KEY[key].read(quick)
+        assert r.verdict == UNMEASURED and "not the script's protocol" in r.why
+
+
+def test_the_script_itself_passes_every_script_comparison():
+    v = protocol()
+    assert BY_KEY["r7_seed_exact"].read(v).value == 0.0
+    for key in ("r7_seed_exact", "r7_sgd_final", "r7_em_final", "r7_reach_steps", "r7_speedup", "r7_em_ahead",
+                "r7_accuracy"):
+        assert verdict(key, v) == HOLDS, key
+
+
+def test_summary_box_and_phrases_follow_the_verdicts():
+    v = protocol()
+    text = summary_markdown("sticky_chain", v, "paper")
+    assert text.count("**holds**") == 7 and "profile `paper`" in text
+    assert verdicts("sticky_chain", v)["r7_em_ahead"] == HOLDS
+    assert verdicts("sticky_chain", protocol(em_final_per_seed=list(SCRIPT_R7["sgd_final"])))["r7_em_ahead"] == FAILS
+    assert phrase(FAILS, holds="a", fails="b") == "b" and phrase(PARTLY, holds="a", fails="b", partly="c") == "c"
+    assert "No claim of the paper is judged" in summary_markdown("sticky_chain_speed", {}, "quick")
+
+
+def test_changed_claims_reports_moves_beyond_tolerance():
+    old = {"sticky_chain": {"values": protocol()}}
+    same = {"sticky_chain": {"values": protocol(sgd_final_per_seed=shifted(SCRIPT_R7["sgd_final"], 1e-5))}}
+    moved = {"sticky_chain": {"values": protocol(sgd_final_per_seed=shifted(SCRIPT_R7["sgd_final"], 0.01))}}
+    assert changed_claims(old, same) == []
+    lines = changed_claims(old, moved)
+    assert any(line.startswith("R7 SGD final loss") for line in lines)
+
+
+def test_a_chapter_that_did_not_run_is_not_judged():
+    rows = evaluate({})
+    assert all(r["verdict"] == UNMEASURED for r in rows if r["chapter"])
