@@ -126,7 +126,8 @@ def test_wt_laws_chapter(quick_runs):
 
 def test_scorecard_rows_come_from_the_records(root, quick_runs):
     from attention_dynamics.book.profiles import load_profiles
-    from attention_dynamics.book.scorecard import CLAIMS, VERDICTS, evaluate, render
+    from attention_dynamics.book.scorecard import render
+    from attention_dynamics.claims import CLAIMS, VERDICTS, evaluate
 
     chapters = load_profiles(root)
     assert {c.chapter for c in CLAIMS if c.chapter} <= set(chapters)
@@ -147,7 +148,7 @@ def test_every_chapter_opens_with_its_computed_summary(root, quick_runs):
     import nbformat
 
     from attention_dynamics.book.profiles import load_profiles
-    from attention_dynamics.book.scorecard import summary_markdown
+    from attention_dynamics.claims import summary_markdown
 
     for name in load_profiles(root):
         record = quick_runs(name)
@@ -172,7 +173,7 @@ def test_outcome_sentences_follow_the_results(root, quick_runs, tmp_path):
     assert base["ratio_reading"].startswith("Faster values help")
     assert flipped["ratio_reading"].startswith("Faster values do not help")
     assert "The two-timescale reading is not borne out" in flipped["ratio_reading"]
-    from attention_dynamics.book.scorecard import verdicts
+    from attention_dynamics.claims import verdicts
 
     assert verdicts("two_timescale_em", base)["r6_faster_values"] == "holds"
     assert verdicts("two_timescale_em", flipped)["r6_faster_values"] != "holds"

@@ -190,3 +190,47 @@ def test_library_map_and_chapter_pointers(root):
     for path in sorted((root / "notebooks").glob("*.ipynb")):
         title = nbformat.read(path, as_version=4).cells[0].source.splitlines()[0].lstrip("# ").strip()
         assert f"*{title}*" in docs, f"no library docstring points to the chapter *{title}*"
+
+
+def test_an_edited_module_re_executes_only_the_chapters_that_import_it(tmp_path, monkeypatch):
+    """The cache key covers the chapter's notebook, parameters and the library modules it
+    imports, transitively: editing em.py re-executes the chapter that imports it (through
+    another module's import too), not the one that does not; editing the runner, the
+    scorecard page or the provenance footer re-executes neither."""
+    import shutil
+
+    from attention_dynamics.book import dependencies
+
+    package = tmp_path / "pkg" / "attention_dynamics"
+    shutil.copytree(dependencies.PACKAGE_DIR, package, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(dependencies, "PACKAGE_DIR", package)
+    cells = lambda imp: [  # noqa: E731
+        ("code", 'x = 1\nrecord_path = ""\nprofile = "paper"', ["parameters"]),
+        ("code", f"{imp}\nfrom attention_dynamics.book.records import Record\nrec = Record(record_path)", []),
+        ("code", "rec['double'] = 2 * x\nrec.save()", []),
+    ]
+    root = tmp_path / "repo"
+    root.mkdir()
+    make_root(root, cells("from attention_dynamics.em import em_step"), name="uses_em")
+    nb = nbformat.read(root / "notebooks" / "uses_em.ipynb", as_version=4)
+    for name, imp in (("uses_stats", "from attention_dynamics.stats import mean_std"),
+                      ("uses_em_indirectly", "from attention_dynamics.specialization import cluster_usage")):
+        nb.cells[1].source = f"{imp}\nfrom attention_dynamics.book.records import Record\nrec = Record(record_path)"
+        nbformat.write(nb, root / "notebooks" / f"{name}.ipynb")
+    (root / "notebooks" / "profiles.yml").write_text(
+        "".join(f"{n}:\n  quick: {{x: 3}}\n  paper: {{x: 5}}\n" for n in ("uses_em", "uses_stats", "uses_em_indirectly")))
+    assert package / "em.py" not in dependencies.chapter_modules(root / "notebooks" / "uses_stats.ipynb")
+    out = tmp_path / "out"
+
+    def statuses():
+        return {r.name: r.status for r in run_jobs(make_jobs(root, "quick", out_dir=out), progress=False)}
+
+    assert set(statuses().values()) == {"ran"}
+    for f in ("book/runner.py", "book/scorecard.py", "book/provenance.py"):
+        (package / f).write_text((package / f).read_text() + "\n# edited\n")
+    assert set(statuses().values()) == {"cached"}
+    # specialization imports laws, which imports head ... but not em: only uses_em re-runs
+    (package / "em.py").write_text((package / "em.py").read_text() + "\n# edited\n")
+    assert statuses() == {"uses_em": "ran", "uses_stats": "cached", "uses_em_indirectly": "cached"}
+    (package / "head.py").write_text((package / "head.py").read_text() + "\n# edited\n")  # em, specialization use it
+    assert statuses() == {"uses_em": "ran", "uses_stats": "cached", "uses_em_indirectly": "ran"}

@@ -22,6 +22,10 @@ Tasks and their exact posteriors (attention_dynamics.tasks)
     tasks.sticky_chain  the sticky Markov chain and its Bayes floors (R7)
     tasks.bijection     the bijection wind tunnel and its exact posterior (R8)
 
+The paper's claims
+    reference       what the paper and the authors' script report, with where each comes from
+    claims          every claim with the rule that judges it; each chapter's summary box
+
 Measurements
     specialization  routing and content specializing together (R5)
     geometry        calibration and the geometry of a trained transformer (R8)
@@ -33,6 +37,6 @@ Support
     plotting        the book's look and the figures chapters share
 
 The book machinery lives apart, in attention_dynamics.book (runner, profiles, provenance,
-records, scorecard, build); a reader of the science never needs to open it.
+records, scorecard, dependencies, build); a reader of the science never needs to open it.
 """
 __version__ = "0.2.0"

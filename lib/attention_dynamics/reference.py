@@ -1,6 +1,6 @@
 """What the paper and the authors' script report: the numbers the book compares with, in one
 place, each with where it comes from. Nothing here is computed by the book; every number
-the book computes is compared with these by a stated rule (attention_dynamics.book.scorecard).
+the book computes is compared with these by a stated rule (attention_dynamics.claims).
 """
 from __future__ import annotations
 

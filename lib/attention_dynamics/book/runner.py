@@ -27,14 +27,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .build import build_book
+from .dependencies import chapter_modules, module_digest
 from .profiles import PROFILES, check_parameters, find_root, format_value, load_profiles, parse_value
 from .provenance import CLI, append_provenance, provenance, repository
 from .records import write_json_atomic
 
 __all__ = ["Job", "JobResult", "NotebookFailed", "make_jobs", "make_grid_jobs", "check_out_dir", "cache_key",
-           "execute", "run_jobs", "timing_table", "main"]
+           "library_digest", "execute", "run_jobs", "timing_table", "publish_paper_records", "main"]
 
-PACKAGE_DIR = Path(__file__).resolve().parent.parent
+RESULTS = Path("results") / "paper"  # under the repository root: the records of the last paper build
 
 
 class NotebookFailed(RuntimeError):
@@ -152,20 +153,18 @@ def make_grid_jobs(root: Path, name: str, grid: dict[str, list], *, profile: str
     return jobs
 
 
-def _library_digest() -> str:
-    h = hashlib.sha256()
-    for p in sorted(PACKAGE_DIR.rglob("*.py")):
-        h.update(p.relative_to(PACKAGE_DIR).as_posix().encode())
-        h.update(p.read_bytes())
-    return h.hexdigest()
+def library_digest(job: Job) -> str:
+    """The digest of the library modules the chapter imports (transitively)."""
+    return module_digest(chapter_modules(Path(job.notebook)))
 
 
 def cache_key(job: Job) -> str:
-    """Changes whenever the notebook's source, its parameters or the library change."""
+    """Changes whenever the notebook's source, its parameters or a library module it
+    imports (directly or through other modules) change, and on nothing else."""
     h = hashlib.sha256()
     h.update(Path(job.notebook).read_bytes())
     h.update(json.dumps({"profile": job.profile, "parameters": job.parameters}, sort_keys=True).encode())
-    h.update(_library_digest().encode())
+    h.update(library_digest(job).encode())
     return h.hexdigest()
 
 
@@ -240,6 +239,8 @@ def execute(job: Job, progress_bar: bool = False) -> JobResult:
             raise NotebookFailed(job.stem, None, "MissingRecord", "the notebook ran but saved no record (call rec.save())")
         record = json.loads(tmp_rec.read_text(encoding="utf-8"))
         record["provenance"] = provenance(job, key, seconds)
+        record["provenance"]["notebook_sha256"] = _file_digest(Path(job.notebook))
+        record["provenance"]["library_digest"] = library_digest(job)
         append_provenance(tmp_nb, record["provenance"], repository(Path(job.root)))
         record["provenance"]["output_sha256"] = _file_digest(tmp_nb)
         # The notebook first, then the record that vouches for it: a crash in between
@@ -311,6 +312,25 @@ def run_jobs(jobs: list[Job], executor: Executor | None = None, *, progress: boo
             if progress:
                 _report(done_count, total, f.result())
     return [f.result() for f in futures]
+
+
+def publish_paper_records(root: Path, results: list[JobResult]) -> list[str]:
+    """Copy the records of a paper build into results/paper/ (committed, so that CI checks
+    paper-scale claims without the paper build) and say which claims changed beyond their
+    tolerance, or changed verdict, against the records there before."""
+    from ..claims import changed_claims
+    from .scorecard import read_records
+
+    folder = Path(root) / RESULTS
+    before = read_records(folder) if folder.is_dir() else {}
+    after = {r.name: r.record for r in results}
+    for name, record in after.items():
+        write_json_atomic(folder / f"{name}.json", record)
+    changes = changed_claims({k: v for k, v in before.items() if k in after}, after) if before else []
+    lines = [f"paper records of {len(after)} chapter(s) written to {RESULTS}/"]
+    lines += [f"changed beyond tolerance: {c}" for c in changes] or (["no claim changed beyond its tolerance"]
+                                                                    if before else [])
+    return lines
 
 
 def timing_table(results: list[JobResult]) -> str:
@@ -406,6 +426,9 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted: the outputs of finished chapters are kept, nothing half-written is left", file=sys.stderr)
         return 130
     print(timing_table(results))
+    if args.profile == "paper" and not (args.set or args.grid or args.out):
+        for line in publish_paper_records(root, results):
+            print(line)
     if args.book:
         html = build_book(root / "book")
         print(f"book written to {html / 'index.html'}")

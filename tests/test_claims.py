@@ -1,4 +1,4 @@
-"""Every verdict rule of the scorecard, fed a record where its claim barely holds and one
+"""Every verdict rule of the claims (and so of the scorecard), fed a record where its claim barely holds and one
 where it is false: the verdict must flip. Rules that compare means do so by their standard
 errors, so a wrong mean fails even when the spreads across seeds overlap."""
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from attention_dynamics.book.scorecard import (CLAIMS, FAILS, HOLDS, INCONCLUSIVE, PARTLY, UNMEASURED, changed_claims,
+from attention_dynamics.claims import (CLAIMS, FAILS, HOLDS, INCONCLUSIVE, PARTLY, UNMEASURED, changed_claims,
                                                evaluate, phrase, summary_markdown, verdicts)
 from attention_dynamics.reference import SCRIPT_R7
 

@@ -1,0 +1,94 @@
+"""Which library modules a chapter depends on: the modules its notebook imports, and the
+modules those import, transitively (imports inside functions included). The runner's cache
+key covers these and nothing else, so that editing the runner, the scorecard page or the
+provenance footer re-executes no chapter, and editing a module re-executes exactly the
+chapters that import it."""
+from __future__ import annotations
+
+import ast
+import hashlib
+import re
+from pathlib import Path
+
+__all__ = ["PACKAGE", "chapter_modules", "module_digest"]
+
+PACKAGE = "attention_dynamics"
+PACKAGE_DIR = Path(__file__).resolve().parent.parent
+
+
+def _module_file(dotted: str) -> Path | None:
+    """The file of a module of the package (a package resolves to its __init__.py)."""
+    parts = dotted.split(".")
+    if parts[0] != PACKAGE:
+        return None
+    base = PACKAGE_DIR.joinpath(*parts[1:])
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _imported_names(tree: ast.AST, current: str | None) -> set[str]:
+    """Dotted names of every module an AST imports; ``current``: the importing module's own
+    dotted name, to resolve relative imports."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                if current is None:
+                    continue
+                package = current.split(".")
+                if not _is_package(current):
+                    package = package[:-1]
+                package = package[: len(package) - (node.level - 1)]
+                base = ".".join(package + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            names.add(base)
+            names.update(f"{base}.{a.name}" for a in node.names)  # `from pkg import module`
+    return {n for n in names if n == PACKAGE or n.startswith(PACKAGE + ".")}
+
+
+def _is_package(dotted: str) -> bool:
+    f = _module_file(dotted)
+    return f is not None and f.name == "__init__.py"
+
+
+def _parents(dotted: str) -> list[str]:
+    """A module's enclosing packages, whose __init__ runs when it is imported."""
+    parts = dotted.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def chapter_modules(notebook: Path) -> list[Path]:
+    """The library files a chapter's notebook imports, transitively, sorted."""
+    import nbformat
+
+    nb = nbformat.read(notebook, as_version=4)
+    source = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    source = "\n".join(l for l in source.splitlines() if not l.lstrip().startswith(("%", "!")))
+    try:
+        todo = _imported_names(ast.parse(source), None)
+    except SyntaxError:  # a cell that does not parse: fall back to the import lines
+        todo = set(re.findall(rf"^\s*(?:from|import)\s+({PACKAGE}[\w.]*)", source, re.M))
+    seen: dict[str, Path] = {}
+    while todo:
+        name = todo.pop()
+        for dotted in [*_parents(name), name]:
+            f = _module_file(dotted)
+            if f is None or dotted in seen:
+                continue
+            seen[dotted] = f
+            todo |= _imported_names(ast.parse(f.read_text(encoding="utf-8")), dotted) - set(seen)
+    return sorted(set(seen.values()))
+
+
+def module_digest(files: list[Path]) -> str:
+    """SHA-256 over the files' paths (relative to the package) and contents."""
+    h = hashlib.sha256()
+    for p in sorted(files):
+        h.update(p.relative_to(PACKAGE_DIR).as_posix().encode())
+        h.update(p.read_bytes())
+    return h.hexdigest()

@@ -1,0 +1,446 @@
+"""The paper's claims, each with the rule that judges it from the numbers a chapter records:
+one row per measured claim, a verdict computed by a stated rule. The same rules write each
+chapter's summary box (:func:`summarize`) and phrase its outcome sentences
+(:func:`verdicts`, :func:`phrase`); the book's scorecard page
+(:mod:`attention_dynamics.book.scorecard`) lists them all. Nothing here is typed by hand but
+the paper's own numbers (:mod:`attention_dynamics.reference`) and the rules.
+
+Means over seeds are compared by their standard errors (Welch's t-test, or a paired t-test
+for two schedules run on the same seeds), never by the spread across seeds. A claim whose
+measurement does not apply to a run (say, a comparison with the authors' script at a
+profile that does not run the script's protocol) is *not measured*, with the reason.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from .reference import PAPER_I_CALIBRATION_BITS, PAPER_R7_SPEEDUP, SCRIPT_R7, SCRIPT_R7_SUMMARY
+
+__all__ = ["Reading", "Claim", "CLAIMS", "evaluate", "summarize", "summary_markdown", "verdicts", "phrase",
+           "changed_claims", "HOLDS", "PARTLY", "FAILS", "INCONCLUSIVE", "UNMEASURED", "VERDICTS"]
+
+HOLDS, PARTLY, FAILS, INCONCLUSIVE, UNMEASURED = (
+    "holds", "holds partly", "does not hold", "inconclusive", "not measured")
+VERDICTS = (HOLDS, PARTLY, FAILS, INCONCLUSIVE, UNMEASURED)
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What a rule reads from a record: the number (or a short text), its standard error and
+    the number of seeds behind it where there are several, the verdict, and why a claim was
+    not measured or is inconclusive."""
+
+    value: float | str | None
+    verdict: str
+    se: float | None = None
+    n: int | None = None
+    why: str = ""
+
+
+@dataclass(frozen=True)
+class Claim:
+    key: str  # a short name, unique: how a chapter refers to the claim
+    result: str  # "R1" ... "R9"
+    quantity: str  # what we measure
+    paper: str  # the paper's (or the authors' script's) statement or number
+    chapter: str  # the chapter whose record holds the numbers ("" for none)
+    rule: str  # the verdict rule, in words
+    read: Callable[[dict], Reading]  # the rule, in code
+    fmt: str = "{:.3g}"
+    tolerance: float | None = None  # how far the number may move between two paper builds and stay the same result
+
+
+# --- rules ---------------------------------------------------------------------------------
+
+def ladder(x: float, holds: float, partly: float, *, higher_is_better: bool = True) -> str:
+    s = 1 if higher_is_better else -1
+    return HOLDS if s * x >= s * holds else PARTLY if s * x >= s * partly else FAILS
+
+
+def mean_se(values) -> tuple[float, float, int]:
+    """Mean, standard error (sample sd / sqrt n; 0 for one value) and n."""
+    a = np.asarray(values, dtype=float)
+    n = a.size
+    return float(a.mean()), float(a.std(ddof=1) / math.sqrt(n)) if n > 1 else 0.0, n
+
+
+def welch_p(values, ref_mean: float, ref_sd: float, ref_n: int, *, ref_ddof: int = 0) -> float:
+    """Two-sided p of Welch's t-test between our per-seed values and a reference given as
+    mean, standard deviation (with ``ref_ddof``, the authors' script prints np.std: 0) and n."""
+    from scipy.stats import ttest_ind_from_stats
+
+    a = np.asarray(values, dtype=float)
+    sd = float(a.std(ddof=1)) if a.size > 1 else 0.0
+    ref_sd1 = ref_sd * math.sqrt(ref_n / (ref_n - ref_ddof)) if ref_ddof == 0 else ref_sd
+    if sd == 0 and ref_sd1 == 0:
+        return 1.0 if a.mean() == ref_mean else 0.0
+    return float(ttest_ind_from_stats(a.mean(), sd, a.size, ref_mean, ref_sd1, ref_n, equal_var=False).pvalue)
+
+
+def agreement_verdict(p: float) -> str:
+    """Consistent with the reference (holds) unless the difference is significant at 5%
+    (partly) or at 1% (does not hold)."""
+    return HOLDS if p >= 0.05 else PARTLY if p >= 0.01 else FAILS
+
+
+def at_most(key: str, limit: float) -> Callable[[dict], Reading]:
+    def read(v):
+        return Reading(v[key], HOLDS if v[key] <= limit else FAILS)
+    return read
+
+
+def _script_protocol(v: dict) -> str:
+    """Why a run is not the authors' protocol (empty when it is)."""
+    if list(v["seeds"]) != SCRIPT_R7["seeds"] or v["n_steps"] != 1000 or v["positions"] != 1999:
+        return "not the script's protocol at this profile"
+    return ""
+
+
+def _versus_script(key: str, script_key: str) -> Callable[[dict], Reading]:
+    def read(v):
+        why = _script_protocol(v)
+        if why:
+            return Reading(None, UNMEASURED, why=why)
+        m, se, n = mean_se(v[key])
+        ref_mean, ref_sd = SCRIPT_R7_SUMMARY[script_key]
+        p = welch_p(v[key], ref_mean, ref_sd, SCRIPT_R7_SUMMARY["n_seeds"])
+        return Reading(m, agreement_verdict(p), se, n)
+    return read
+
+
+def _seed_exact(v):
+    why = _script_protocol(v)
+    if why:
+        return Reading(None, UNMEASURED, why=why)
+    gap = max(np.abs(np.subtract(v["sgd_final_per_seed"], SCRIPT_R7["sgd_final"])).max(),
+              np.abs(np.subtract(v["em_final_per_seed"], SCRIPT_R7["em_final"])).max())
+    return Reading(float(gap), ladder(gap, 1e-3, 1e-2, higher_is_better=False))
+
+
+def _speedup(v):
+    m, se, n = mean_se(v["reach_steps_per_seed"])
+    speedup = v["n_steps"] / m
+    half = 1.96 * v["n_steps"] * se / m**2  # delta method: se of n_steps / mean
+    lo, hi = speedup - half, speedup + half
+    verdict = HOLDS if lo <= PAPER_R7_SPEEDUP <= hi else PARTLY if lo > 1 else FAILS
+    return Reading(speedup, verdict, half / 1.96, n)
+
+
+def _em_ahead(v):
+    from scipy.stats import ttest_rel
+
+    diff = np.subtract(v["sgd_final_per_seed"], v["em_final_per_seed"])
+    m, se, n = mean_se(diff)
+    p = float(ttest_rel(v["sgd_final_per_seed"], v["em_final_per_seed"]).pvalue) if n > 1 else 1.0
+    return Reading(m, HOLDS if m > 0 and p < 0.05 else FAILS, se, n, why=f"paired t-test p = {p:.1e}")
+
+
+def _accuracy_gain(v):
+    why = _script_protocol(v)
+    if why:
+        return Reading(None, UNMEASURED, why=why)
+    m, se, n = mean_se(np.subtract(v["em_acc_per_seed"], v["sgd_acc_per_seed"]))
+    target = SCRIPT_R7_SUMMARY["em_accuracy"] - SCRIPT_R7_SUMMARY["sgd_accuracy"]
+    # the script prints its accuracies to two decimals: 0.01 of rounding on their difference
+    verdict = HOLDS if abs(m - target) <= 2 * se + 0.01 else PARTLY if m > 0 else FAILS
+    return Reading(m, verdict, se, n)
+
+
+def _deep_generalizes(v):
+    gap = np.subtract(v["test_accuracy_per_seed"], v["filter_accuracy_per_seed"])
+    m_gap, se_gap, n = mean_se(gap)
+    acc, se_acc, _ = mean_se(v["test_accuracy_per_seed"])
+    verdict = HOLDS if m_gap >= -2 * se_gap else PARTLY if acc - 2 * se_acc > 1 / 8 else FAILS
+    filt = float(np.mean(v["filter_accuracy_per_seed"]))
+    return Reading(acc, verdict, se_acc, n, why=f"the Bayes filter reaches {filt:.3f} on the same sequences")
+
+
+def _r1_in_transformer(v):
+    rate, cos = v["sgd_score_sign_agreement"], v["sgd_score_cosine"]
+    verdict = HOLDS if rate >= 0.9 and cos >= 0.9 else PARTLY if rate >= 0.6 or cos >= 0.5 else FAILS
+    return Reading(f"{rate:.2f} agreement, cosine {cos:.2f}", verdict)
+
+
+def _slope(v):
+    m, se, n = mean_se(v["slopes_sv"])
+    return Reading(m, ladder(-abs(m - 2), -0.05, -0.3), se, n)
+
+
+def _symmetry(v):
+    slope, se = v["steps_per_decade"], v["steps_per_decade_se"]
+    all_runs = v["n_specialized"] == v["n_symmetric_runs"]
+    verdict = HOLDS if all_runs and slope - 2 * se > 0 else PARTLY if slope > 0 else FAILS
+    return Reading(slope, verdict, se)
+
+
+def _faster_values(v):
+    from scipy.stats import ttest_ind
+
+    one, best = v["ratio1_steps_per_seed"], v["best_ratio_steps_per_seed"]
+    if not one or not best:
+        return Reading(None, UNMEASURED, why="no ratio reached the threshold in every run")
+    speedup = float(np.mean(one) / np.mean(best))
+    p = float(ttest_ind(one, best, equal_var=False).pvalue) if len(one) > 1 and len(best) > 1 else 1.0
+    p = 0.0 if math.isnan(p) and np.mean(one) > np.mean(best) else p  # no spread at all: the difference is exact
+    verdict = HOLDS if speedup >= 1.5 and p < 0.05 else PARTLY if speedup > 1 else FAILS
+    return Reading(speedup, verdict, why=f"Welch p = {p:.1e} (ratio 1 against ratio {v['best_ratio']:g})")
+
+
+def _soft_em(v):
+    verdict = HOLDS if v["fixed_point_distance_overlapping"] <= 1e-3 else \
+        PARTLY if v["fixed_point_distance_well_separated"] <= 1e-6 else FAILS
+    return Reading(v["fixed_point_distance_overlapping"], verdict)
+
+
+def _keys(v):
+    cos, rnd, simplex = v["key_cos_end_mean"], v["key_cos_random"], v["key_cos_simplex"]
+    return Reading(cos, HOLDS if cos <= simplex + 0.25 * (rnd - simplex) else PARTLY if cos < rnd else FAILS)
+
+
+def _focusing(v):
+    """Below uniform causal attention at every position that sees more than one key, and
+    further below it, relative to uniform, the more evidence there is (the ratio of the
+    attention entropy to the uniform one falls along the positions)."""
+    from scipy.stats import spearmanr
+
+    model, uniform = np.asarray(v["attention_bits_by_position"]), np.asarray(v["uniform_bits_by_position"])
+    seen = uniform > 0
+    ratio = model[seen] / uniform[seen]
+    below = bool((ratio < 1).all())
+    grows = len(ratio) > 2 and spearmanr(np.arange(len(ratio)), ratio).statistic < 0
+    verdict = HOLDS if below and grows else PARTLY if below else FAILS
+    return Reading(float(ratio.mean()), verdict, why="mean over positions of attention entropy / uniform")
+
+
+def _control(v):
+    x = v["rho_partial_control"]
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return Reading(None, UNMEASURED, why="the control run measured no partial correlation")
+    return Reading(x, ladder(x, 0.5, 0.2))
+
+
+def _frame(v):
+    first, later, total = v["frame_first_count"], v["precision_first_count"], v["frame_comparisons"]
+    verdict = HOLDS if first == total else FAILS if later == total else INCONCLUSIVE
+    return Reading(f"{first} of {total}", verdict, why="seed-and-threshold pairs in which the frame settles first")
+
+
+def _ablations(v):
+    hurt = [v[f"mae_{k}"] >= 2 * v["mae_baseline"] for k in ("values_frozen", "routing_frozen")]
+    text = f"{v['mae_values_frozen'] / v['mae_baseline']:.1f}× / {v['mae_routing_frozen'] / v['mae_baseline']:.1f}×"
+    return Reading(text, HOLDS if all(hurt) else PARTLY if any(hurt) else FAILS)
+
+
+def _value(key, rule, *args, **kw):
+    return lambda v: Reading(v[key], rule(v[key], *args, **kw))
+
+
+_S = SCRIPT_R7_SUMMARY
+CLAIMS: list[Claim] = [
+    Claim("r1_exact", "R1", "dL/ds: closed form vs autograd, max relative error (float64)", "an exact identity", "routing_law",
+          "holds if ≤ 1e-12", at_most("max_rel_error_scores", 1e-12), "{:.1e}", 1e-12),
+    Claim("r1_head", "R1", "sign of Δα vs −sign(advantage) in a trained head, while it specializes",
+          "queries route more to values better than average", "specialization",
+          "holds if ≥ 0.9, partly if ≥ 0.6 (chance: 0.5)", _value("agreement_during", ladder, 0.9, 0.6), "{:.2f}", 0.02),
+    Claim("r1_transformer", "R1", "inside the wind-tunnel transformer: centred Δs vs −∂L/∂s after a plain gradient step, η → 0 "
+          "(sign agreement, cosine; mean over heads and layers)", "the routing law drives attention", "wt_laws",
+          "holds if agreement ≥ 0.9 and cosine ≥ 0.9; partly if agreement ≥ 0.6 or cosine ≥ 0.5 (chance: 0.5, 0)",
+          _r1_in_transformer, "{}"),
+    Claim("r2_exact", "R2", "dL/dv = Σ α u: closed form vs autograd, max abs. error", "an exact identity", "value_law",
+          "holds if ≤ 1e-12", at_most("r2_example_error", 1e-12), "{:.1e}", 1e-12),
+    Claim("r2_transformer", "R2", "inside the wind-tunnel transformer: Δv vs −Σ α u after a plain gradient step, η → 0 (cosine)",
+          "values move along their users' error signals", "wt_laws", "holds if ≥ 0.9, partly if ≥ 0.5",
+          _value("sgd_value_alignment", ladder, 0.9, 0.5), "{:.2f}", 0.05),
+    Claim("r3_exact", "R3", "dL/dq, dL/dk and all parameter gradients vs autograd, max relative error", "an exact identity",
+          "routing_law", "holds if ≤ 1e-12", at_most("max_rel_error_other", 1e-12), "{:.1e}", 1e-12),
+    Claim("r4_slope", "R4", "log-log slope of the first-order remainder (mean ± se over heads)", "O(η²): slope 2", "value_law",
+          "holds if within 0.05 of 2, partly if within 0.3", _slope, "{:.3f}", 0.01),
+    Claim("r5_entropy", "R5", "fall of the mean attention entropy over training (nats)", "attention sharpens", "specialization",
+          "holds if ≥ 0.3, partly if > 0",
+          lambda v: Reading(v["entropy_start"] - v["entropy_end"],
+                            ladder(v["entropy_start"] - v["entropy_end"], 0.3, 1e-9)), "{:.3f}", 0.01),
+    Claim("r5_specialization", "R5", "rise of the specialization index (0: shared, 1: one cluster per value)",
+          "routing and content specialize together", "specialization", "holds if ≥ 0.5, partly if ≥ 0.2",
+          lambda v: Reading(v["si_end"] - v["si_start"], ladder(v["si_end"] - v["si_start"], 0.5, 0.2)), "{:.3f}", 0.01),
+    Claim("r5_symmetry", "R5", "extra steps to break a symmetric start, per decade of smaller asymmetry (± se of the fit)",
+          "a positive feedback loop amplifies small differences", "specialization",
+          "holds if every run specializes and the slope exceeds 2 se; partly if the slope is positive",
+          _symmetry, "{:.0f}", 2.0),
+    Claim("r6_e_step", "R6", "attention weights vs EM responsibilities, max abs. difference", "attention is the E-step",
+          "two_timescale_em", "holds if ≤ 1e-12", at_most("e_step_error", 1e-12), "{:.1e}", 1e-12),
+    Claim("r6_hard", "R6", "hard attention: head vs hard EM, max gap along the trajectory",
+          "a 1/N_j value step is exactly the M-step", "two_timescale_em", "holds if ≤ 1e-10",
+          at_most("hard_max_gap", 1e-10), "{:.1e}", 1e-10),
+    Claim("r6_soft", "R6", "soft attention: distance between the head's and EM's fixed points (σ), overlapping components",
+          "the head runs EM", "two_timescale_em",
+          "holds if ≤ 1e-3; partly if it is ≤ 1e-6 for well-separated components only", _soft_em, "{:.3g}", 1e-3),
+    Claim("r6_faster_values", "R6", "steps to the loss threshold, ratio 1 over the best ratio (speedup)",
+          "values on a faster timescale help", "two_timescale_em",
+          "holds if ≥ 1.5 and the difference is significant (Welch, 5%); partly if > 1", _faster_values, "{:.1f}×", 0.2),
+    Claim("r7_seed_exact", "R7", "per-seed final losses, ours minus the authors' script's, max |difference| (nats)",
+          "the script's own runs (seed for seed)", "sticky_chain", "holds if ≤ 1e-3, partly if ≤ 1e-2",
+          _seed_exact, "{:.1e}", 1e-3),
+    Claim("r7_sgd_final", "R7", "SGD final loss (nats, mean ± se)", f"{_S['sgd_final'][0]} ± {_S['sgd_final'][1]} (script, sd)",
+          "sticky_chain", "agrees unless Welch's test rejects equal means at 5% (partly) or 1% (not)",
+          _versus_script("sgd_final_per_seed", "sgd_final"), "{:.3f}", 1e-3),
+    Claim("r7_em_final", "R7", "EM-style final loss (nats, mean ± se)", f"{_S['em_final'][0]} ± {_S['em_final'][1]} (script, sd)",
+          "sticky_chain", "agrees unless Welch's test rejects equal means at 5% (partly) or 1% (not)",
+          _versus_script("em_final_per_seed", "em_final"), "{:.3f}", 1e-3),
+    Claim("r7_reach_steps", "R7", "steps for EM-style to reach SGD's final loss (mean ± se; never counts as the last step)",
+          f"{_S['reach_steps'][0]} ± {_S['reach_steps'][1]} (script, sd)", "sticky_chain",
+          "agrees unless Welch's test rejects equal means at 5% (partly) or 1% (not)",
+          _versus_script("reach_steps_per_seed", "reach_steps"), "{:.0f}", 1.0),
+    Claim("r7_speedup", "R7", "speedup of EM-style over SGD: steps / mean steps to reach (± se)",
+          f"about {PAPER_R7_SPEEDUP}× (paper), {_S['speedup']}× (script)", "sticky_chain",
+          "holds if the paper's 2.3 lies in our 95% interval, partly if the interval lies above 1", _speedup,
+          "{:.2f}×", 0.02),
+    Claim("r7_em_ahead", "R7", "EM-style ahead of SGD after the protocol: final loss SGD − EM-style (nats, mean ± se)",
+          "the EM-style schedule trains faster", "sticky_chain",
+          "holds if positive and a paired t-test over seeds rejects no difference at 5%", _em_ahead, "{:.3f}", 1e-3),
+    Claim("r7_accuracy", "R7", "accuracy, EM-style minus SGD (mean ± se of the per-seed differences)",
+          f"{_S['em_accuracy']:.2f} − {_S['sgd_accuracy']:.2f} (script, printed to two decimals)", "sticky_chain",
+          "holds if within 2 se + 0.01 (the script's rounding) of 0.06, partly if positive", _accuracy_gain,
+          "{:.3f}", 1e-3),
+    Claim("r7_deep", "R7", "deep variant: test accuracy on a fresh sequence, evaluation mode (mean ± se)",
+          "reported by the script; a memorizing model scores about 0.20", "sticky_chain_deep",
+          "generalizes (holds) if within 2 se of the Bayes filter's accuracy on the same sequences; partly if "
+          "above chance (1/8) by 2 se", _deep_generalizes, "{:.3f}", 0.01),
+    Claim("r8_calibration", "R8", "predictive entropy vs exact posterior, mean |error| (bits), V = 8 on CPU",
+          f"< {PAPER_I_CALIBRATION_BITS} bits (Paper I, V = 20, GPU)", "wt_calibration",
+          "holds if ≤ 0.01, partly if ≤ 0.02 (the book's CPU target)",
+          _value("mae_bits", ladder, 0.01, 0.02, higher_is_better=False), "{:.4f}", 0.002),
+    Claim("r8_keys", "R8", "key frame: mean |cos| between symbols' keys (mean over heads and layers)",
+          "keys become near-orthogonal", "wt_geometry",
+          "holds if within a quarter of the way from a perfect simplex to random vectors, partly if below random",
+          _keys, "{:.3f}", 0.02),
+    Claim("r8_values", "R8", "|ρ| between the leading value coordinate and posterior entropy (mean over heads and layers)",
+          "values lie on a manifold ordered by posterior entropy", "wt_geometry",
+          "holds if ≥ 0.8, partly if ≥ 0.5 (entropy equals position in this task: see the control)",
+          _value("rho_mean_end", ladder, 0.8, 0.5), "{:.2f}", 0.05),
+    Claim("r8_control", "R8", "the same with the confound removed: keys repeat, |partial ρ| with the position held fixed",
+          "the ordering is by posterior entropy, not by position", "wt_geometry", "holds if ≥ 0.5, partly if ≥ 0.2",
+          _control, "{:.2f}", 0.05),
+    Claim("r8_focusing", "R8", "attention entropy against uniform causal attention, by position (mean ratio)",
+          "attention focuses as evidence accumulates", "wt_geometry",
+          "holds if below uniform at every position and ever further below it relative to uniform (the ratio "
+          "falls with the position); partly if only below",
+          _focusing, "{:.2f}", 0.05),
+    Claim("r8_frame", "R8", "the per-sample frame (attention on the matching pair) settles before calibration does",
+          "frame before precision", "wt_geometry",
+          "holds if first in every (seed, threshold) pair, does not if in none; otherwise inconclusive",
+          _frame, "{}"),
+    Claim("r8_ablations", "R8", "freezing values or routing at least doubles the calibration error",
+          "the geometry and function come through the two laws", "wt_laws",
+          "holds if both ablations double the error, partly if one does", _ablations, "{}"),
+    Claim("r9", "R9", "belief accumulation, transport and binding as inference primitives", "sketched in v3", "",
+          "not tested by this book", lambda v: Reading(None, UNMEASURED, why="no chapter measures it yet")),
+]
+
+
+# --- reading records -----------------------------------------------------------------------
+
+def _fmt(claim: Claim, r: Reading) -> str:
+    if r.value is None:
+        return "—"
+    if isinstance(r.value, bool):
+        text = "yes" if r.value else "no"
+    elif isinstance(r.value, str):
+        text = r.value
+    else:
+        text = claim.fmt.format(r.value)
+    if r.se is not None:
+        se = claim.fmt.format(r.se).rstrip("×")
+        text += f" ± {se}" + (f" (n = {r.n})" if r.n else "")
+    return text
+
+
+def evaluate(records: dict[str, dict]) -> list[dict]:
+    """Rows of the scorecard from the chapters' records (chapter -> {'values': ...})."""
+    rows = []
+    for c in CLAIMS:
+        row = {"key": c.key, "result": c.result, "quantity": c.quantity, "paper": c.paper, "chapter": c.chapter,
+               "rule": c.rule}
+        values = records.get(c.chapter, {}).get("values") if c.chapter else {}
+        if values is None:
+            row.update(ours="not run", verdict=UNMEASURED, why="the chapter did not run", value=None)
+        else:
+            try:
+                r = c.read(values)
+            except KeyError as e:
+                raise KeyError(f"scorecard: chapter '{c.chapter}' records no {e} (needed for {c.result}: {c.quantity})") from None
+            if r.verdict not in VERDICTS:
+                raise ValueError(f"scorecard: the rule of {c.result} ({c.quantity}) returned {r.verdict!r}")
+            row.update(ours=_fmt(c, r), verdict=r.verdict, why=r.why, value=r.value)
+        rows.append(row)
+    return rows
+
+
+def _cell(text: str) -> str:
+    """A table cell: a literal | (as in |cos|) would end the cell."""
+    return str(text).replace("|", "\\|")
+
+
+def summary_markdown(chapter: str, values: dict, profile: str) -> str:
+    """The summary box a chapter opens with: each of its claims, the paper's statement, our
+    number with its uncertainty and the verdict, by the same rules as the scorecard."""
+    rows = [r for r in evaluate({chapter: {"values": values}}) if r["chapter"] == chapter]
+    head = f"Summary of this page, computed from this run (profile `{profile}`)"
+    if not rows:
+        return (f":::{{admonition}} {head}\n:class: note\nNo claim of the paper is judged on this page; "
+                "it measures the book's own implementation.\n:::\n")
+    lines = [f":::{{admonition}} {head}", ":class: note", "",
+             "| Claim | Paper | Ours | Verdict |", "|---|---|---|---|"]
+    for r in rows:
+        why = f" ({r['why']})" if r.get("why") else ""
+        lines.append(f"| {r['result']}: {_cell(r['quantity'])} | {_cell(r['paper'])} | {_cell(r['ours'])} | "
+                     f"**{r['verdict']}**{_cell(why)} |")
+    lines += ["", "The rule behind each verdict is on the page {doc}`../scorecard`.", ":::"]
+    return "\n".join(lines) + "\n"
+
+
+def verdicts(chapter: str, values: dict) -> dict[str, str]:
+    """This chapter's verdicts by claim key: what its computed sentences are phrased from,
+    so that the text and the summary box say the same thing."""
+    return {r["key"]: r["verdict"] for r in evaluate({chapter: {"values": values}}) if r["chapter"] == chapter}
+
+
+def phrase(verdict: str, *, holds: str, fails: str, partly: str | None = None, inconclusive: str | None = None,
+           unmeasured: str = "not measured in this run") -> str:
+    """The sentence (or clause) a chapter prints for a verdict: the text follows the result."""
+    return {HOLDS: holds, PARTLY: partly if partly is not None else fails, FAILS: fails,
+            INCONCLUSIVE: inconclusive if inconclusive is not None else fails, UNMEASURED: unmeasured}[verdict]
+
+
+def summarize(rec, chapter: str, profile: str) -> str:
+    """Glue this chapter's summary box (as ``summary``, markdown) from its record; the
+    chapter shows it with a ``{glue:md}`` directive at the top."""
+    text = summary_markdown(chapter, rec.values, profile)
+    try:
+        from IPython import get_ipython
+        from IPython.display import Markdown
+        from myst_nb import glue
+    except ImportError:
+        return text
+    if get_ipython() is not None:
+        glue("summary", Markdown(text), display=False)
+    return text
+
+
+def changed_claims(old: dict[str, dict], new: dict[str, dict]) -> list[str]:
+    """The claims whose number moved beyond its tolerance, or whose verdict changed, between
+    two sets of records (chapter -> record): one line each."""
+    before = {(r["result"], r["quantity"]): r for r in evaluate(old)}
+    lines = []
+    for c, r in zip(CLAIMS, evaluate(new)):
+        if c.chapter not in new:
+            continue
+        o = before[(c.result, c.quantity)]
+        moved = (c.tolerance is not None and isinstance(r["value"], (int, float)) and isinstance(o["value"], (int, float))
+                 and abs(r["value"] - o["value"]) > c.tolerance)
+        if moved or r["verdict"] != o["verdict"]:
+            lines.append(f"{c.result} {c.quantity}: {o['ours']} ({o['verdict']}) -> {r['ours']} ({r['verdict']})")
+    return lines
