@@ -5,12 +5,15 @@ Both run in this one process, on the same seeds and initial weights:
 
 - naive: the way the authors' script works: one run at a time, autograd, the full T x T
   masked softmax (attention_dynamics.causal_head.train_reference);
-- fast: all runs batched, the closed-form backward of R1-R3, causal attention walked in
-  row blocks so the T x T matrix never exists (attention_dynamics.causal_head).
+- fast: all runs batched, the closed-form backward of R1-R3 with each query's forward and
+  backward pass fused in a compiled kernel (attention_dynamics.native), so that the T x T
+  matrix never exists; the pure-PyTorch blocked path when no C compiler is found
+  (ATTENTION_DYNAMICS_NATIVE=0 forces it; --torch-path times it as a third contender).
 
 Prints milliseconds per run-step, their ratio, the peak resident memory each phase added,
-and the largest difference between the two paths' final losses (must be <= 1e-4; the
-script exits 1 otherwise). A benchmark, not a test: timings depend on the machine.
+the fast path's arithmetic rate against a float32 matmul measured on this machine with the
+same threads, and the largest difference between the paths' final losses (must be <= 1e-4;
+the script exits 1 otherwise). A benchmark, not a test: timings depend on the machine.
 
     .venv/bin/python benchmarks/sticky_chain_speed.py            # the whole protocol: 10 runs x 1000 steps
     .venv/bin/python benchmarks/sticky_chain_speed.py --steps 50 # a short check
@@ -25,7 +28,10 @@ import time
 import numpy as np
 import torch
 
-from attention_dynamics.causal_head import causal_head_loss_fn, init_heads, protocol_rates, train_reference
+from attention_dynamics.causal_head import (D_K, D_V, causal_head_loss_fn, init_heads, protocol_rates,
+                                            train_reference)
+from attention_dynamics.artifacts import cpu_model
+from attention_dynamics.native import NativeUnavailable, causal_head_kernel
 from attention_dynamics.tasks import sticky_chain as sc
 from attention_dynamics.training import SGD, train
 
@@ -59,12 +65,46 @@ class PeakRSS:
         return (self.peak - self.base) / 2**20
 
 
+def flop_per_run_step(T: int, d_x: int, d_k: int, d_v: int, C: int) -> float:
+    """Floating-point operations (a multiply-add counts 2) that one training step of one run
+    needs at the least: per visible (query, key) pair, the score q.k (2 d_k), the read-out
+    alpha Zv (2C), the advantage dz.Zv (2C), dq and dk (4 d_k) and the value gradient
+    sum_i alpha dz (2C); plus the projections and their gradients (3 x 2 T d_x (2 d_k + d_v)
+    and the read-out map)."""
+    pairs = T * (T + 1) / 2
+    projections = 3 * 2 * T * d_x * (2 * d_k + d_v) + 3 * 2 * T * d_v * C
+    return pairs * (6 * d_k + 6 * C) + projections
+
+
+def matmul_gflops(threads: int, n: int = 1024, repeats: int = 20) -> float:
+    """The float32 matmul rate of this machine, the best of ``repeats``, with ``threads``."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    best = float("inf")
+    with torch.no_grad():
+        for _ in range(repeats + 3):
+            start = time.perf_counter()
+            torch.mm(a, b)
+            best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best / 1e9
+
+
+def time_fast(seeds, x, y, names, steps, block, native):
+    params = init_heads(seeds + seeds)
+    loss_fn = causal_head_loss_fn(x, y, block=block, native=native)
+    with PeakRSS() as mem:
+        start = time.perf_counter()
+        hist = train(params, loss_fn, SGD(protocol_rates(names)), steps)
+        seconds = time.perf_counter() - start
+    return hist.loss[-1], 1000 * seconds / (len(names) * (steps + 1)), seconds, mem.added_mib
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=1000, help="training steps per run (protocol: 1000)")
     ap.add_argument("--seeds", type=int, nargs="+", default=list(sc.SEEDS), help="seeds (protocol: the five of the paper)")
     ap.add_argument("--seq-len", type=int, default=2000, help="states per sequence (protocol: 2000)")
-    ap.add_argument("--block", type=int, default=64, help="query rows per block of the fast path")
+    ap.add_argument("--block", type=int, default=64, help="query rows per block of the PyTorch path")
+    ap.add_argument("--torch-path", action="store_true", help="also time the pure-PyTorch blocked path")
     args = ap.parse_args()
     if args.steps < 1 or args.seq_len < 2 or args.block < 1:
         ap.error("--steps and --block must be >= 1 and --seq-len >= 2")
@@ -78,14 +118,20 @@ def main() -> int:
 
     x = torch.cat([seq.x, seq.x])
     y = torch.cat([seq.y, seq.y])
-    params = init_heads(seeds + seeds)
-    with PeakRSS() as mem_fast:
-        start = time.perf_counter()
-        hist = train(params, causal_head_loss_fn(x, y, block=args.block), SGD(protocol_rates(names)), args.steps)
-        fast_s = time.perf_counter() - start
-    fast_final = hist.loss[-1]
-    fast_ms = 1000 * fast_s / (runs * (args.steps + 1))
-    print(f"fast : {fast_s:8.1f} s   {fast_ms:7.2f} ms per run-step   peak memory +{mem_fast.added_mib:7.1f} MiB")
+    try:
+        causal_head_kernel(D_K, sc.N_STATES)
+        native = True
+    except NativeUnavailable as e:
+        print(f"no compiled kernel ({e}): the fast path is the PyTorch one")
+        native = False
+    fast_final, fast_ms, fast_s, fast_mib = time_fast(seeds, x, y, names, args.steps, args.block, native)
+    label = "fast (compiled kernel)" if native else "fast (PyTorch)"
+    print(f"{label:24s}: {fast_s:8.1f} s  {fast_ms:7.2f} ms per run-step  peak memory +{fast_mib:7.1f} MiB")
+    finals = {label: fast_final}
+    if args.torch_path and native:
+        t_final, t_ms, t_s, t_mib = time_fast(seeds, x, y, names, args.steps, args.block, False)
+        print(f"{'PyTorch blocked path':24s}: {t_s:8.1f} s  {t_ms:7.2f} ms per run-step  peak memory +{t_mib:7.1f} MiB")
+        finals["PyTorch blocked path"] = t_final
 
     naive_final = []
     with PeakRSS() as mem_naive:
@@ -98,10 +144,19 @@ def main() -> int:
     naive_ms = 1000 * naive_s / (runs * (args.steps + 1))
     print(f"naive: {naive_s:8.1f} s   {naive_ms:7.2f} ms per run-step   peak memory +{mem_naive.added_mib:7.1f} MiB")
 
-    diff = float(np.abs(np.array(naive_final) - fast_final).max())
+    threads = torch.get_num_threads()
+    flop = flop_per_run_step(args.seq_len - 1, sc.D_X, D_K, D_V, sc.N_STATES)
+    peak = matmul_gflops(threads)
+    rate = flop / (fast_ms / 1000) / 1e9
+    print(f"CPU: {cpu_model()}, {threads} threads")
     print(f"speed ratio naive / fast: {naive_ms / fast_ms:.1f}x")
+    if args.torch_path and native:
+        print(f"speed ratio PyTorch blocked path / compiled kernel: {t_ms / fast_ms:.1f}x")
+    print(f"fast path: {flop / 1e6:.0f} MFLOP per run-step at least, {rate:.1f} GFLOP/s; "
+          f"float32 matmul (1024^3) on this machine: {peak:.1f} GFLOP/s ({100 * rate / peak:.0f}% of it)")
+    diff = max(float(np.abs(np.array(naive_final) - f).max()) for f in finals.values())
     print(f"largest |final loss naive - fast| over the {runs} runs: {diff:.2e} (must be <= 1e-4)")
-    for name, a, b in zip(names, naive_final, fast_final):
+    for name, a, b in zip(names, naive_final, np.asarray(fast_final)):
         print(f"  {name:8s} naive {a:.6f}  fast {b:.6f}")
     return 0 if diff <= 1e-4 else 1
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import nbformat
 import pytest
@@ -199,7 +200,7 @@ def test_an_edited_module_re_executes_only_the_chapters_that_import_it(tmp_path,
     scorecard page or the provenance footer re-executes neither."""
     import shutil
 
-    from attention_dynamics.book import dependencies
+    from attention_dynamics import sources as dependencies
 
     package = tmp_path / "pkg" / "attention_dynamics"
     shutil.copytree(dependencies.PACKAGE_DIR, package, ignore=shutil.ignore_patterns("__pycache__"))
@@ -234,3 +235,36 @@ def test_an_edited_module_re_executes_only_the_chapters_that_import_it(tmp_path,
     assert statuses() == {"uses_em": "ran", "uses_stats": "cached", "uses_em_indirectly": "cached"}
     (package / "head.py").write_text((package / "head.py").read_text() + "\n# edited\n")  # em, specialization use it
     assert statuses() == {"uses_em": "ran", "uses_stats": "cached", "uses_em_indirectly": "ran"}
+
+
+def test_chapters_run_side_by_side_longest_first_with_one_thread_each(tmp_path, monkeypatch):
+    """run_chapters: with two workers on two CPUs each kernel sees OMP_NUM_THREADS=1 (and
+    PyTorch one thread), the chapter that took longest last time starts first, and the
+    results come back in book order."""
+    from support import make_root
+
+    from attention_dynamics.book import runner
+
+    cells = [("code", 'wait = 0.0\nrecord_path = ""\nprofile = "paper"', ["parameters"]),
+             ("code", "import os, time\nimport torch\nfrom attention_dynamics.book.records import Record\n"
+                      "rec = Record(record_path)\nrec['started'] = time.time()\ntime.sleep(wait)\n"
+                      "rec['omp'] = os.environ.get('OMP_NUM_THREADS')\n"
+                      "rec['torch_threads'] = torch.get_num_threads()\nrec.save()", [])]
+    root = make_root(tmp_path, cells, name="short",
+                     profiles="short:\n  quick: {wait: 0.0}\n  paper: {wait: 0.0}\n"
+                              "long:\n  quick: {wait: 1.0}\n  paper: {wait: 1.0}\n"
+                              "last:\n  quick: {wait: 0.0}\n  paper: {wait: 0.0}\n")
+    for other in ("long", "last"):
+        shutil.copy(root / "notebooks" / "short.ipynb", root / "notebooks" / f"{other}.ipynb")
+    jobs = runner.make_jobs(root, "quick", out_dir=tmp_path / "out")
+    # the last run of "long" took longest: it is started first
+    runner.write_json_atomic(jobs[1].record, {"provenance": {"profile": "quick", "seconds": 99.0}})
+    assert [runner.expected_seconds(j) for j in jobs] == [0.0, 99.0, 0.0]
+    assert [j.name for j in runner.longest_first(jobs)] == ["long", "short", "last"]
+    monkeypatch.setattr(runner, "usable_cpus", lambda: 2)
+    results = runner.run_chapters(jobs, 2, progress=False)
+    assert [r.name for r in results] == ["short", "long", "last"]
+    assert all(r.record["values"]["omp"] == "1" and r.record["values"]["torch_threads"] == 1 for r in results)
+    assert all(r.record["provenance"]["threads"] == 1 for r in results)
+    table = runner.timing_table(results, 3.0)
+    assert "share" in table and "wall clock" in table and "long" in table

@@ -172,3 +172,38 @@ def test_sequences_and_weights_follow_the_scripts_draws():
     assert torch.equal(torch.randn(5), torch.randn(5, generator=g))
 
 
+@pytest.mark.parametrize("seq_len,d_k", [(150, 10), (2, 10), (18, 3), (70, 16), (41, 7)])
+def test_the_compiled_kernel_computes_the_torch_paths_closed_forms(monkeypatch, seq_len, d_k):
+    """The fused C kernel (float32) against the blocked PyTorch path: loss, the four
+    gradients, R2's per-position value gradients and responsibilities, and the statistics,
+    for lengths and key widths that straddle the kernel's blocks of 8 queries, chunks of 16
+    keys and power-of-two padding."""
+    import shutil
+
+    from attention_dynamics.native import NativeUnavailable, causal_head_kernel
+
+    try:
+        causal_head_kernel(d_k, 8)
+    except NativeUnavailable:
+        if shutil.which("cc") or shutil.which("gcc"):
+            raise  # a compiler is there: the kernel must build
+        pytest.skip("no C compiler here: the pure-PyTorch path runs instead")
+    seq = sc.sample_sequences([3, 4, 5], n_states_seq=seq_len)
+    p = {n: t * 5 for n, t in init_heads([3, 4, 5], d_k=d_k).items()}  # larger weights: peaked attention
+    a = blocked_causal_step(p, seq.x, seq.y, stats=True, value_info=True, native=True)
+    b = blocked_causal_step(p, seq.x, seq.y, stats=True, value_info=True, native=False)
+    assert torch.allclose(a[0], b[0], atol=1e-6)
+    # relative to the largest gradient: with one position the routing gradients are exactly
+    # zero in the torch path and rounding-small in the kernel
+    scale = max(float(g.abs().max()) for g in b[1].values())
+    for name, g in b[1].items():
+        assert float((a[1][name] - g).abs().max()) < 1e-5 * max(float(g.abs().max()), 1e-2 * scale), name
+    for f in ("entropy", "accuracy", "attention_entropy"):
+        assert torch.allclose(getattr(a[2], f), getattr(b[2], f), atol=1e-5), f
+    loss_only, none, _ = blocked_causal_step(p, seq.x, seq.y, grads=False, native=True)
+    assert none is None and torch.equal(loss_only, a[0])
+    monkeypatch.setenv("ATTENTION_DYNAMICS_NATIVE", "0")  # switched off: the torch path, same numbers
+    with pytest.raises(NativeUnavailable):
+        blocked_causal_step(p, seq.x, seq.y, native=True)
+    assert torch.allclose(blocked_causal_step(p, seq.x, seq.y)[0], b[0])
+

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -135,6 +136,42 @@ def test_transformer_paths_agree_and_expose_every_head():
         TransformerConfig(n_out=2, d_model=10, n_heads=4, input="tokens", vocab=3)
 
 
+@pytest.mark.parametrize("B,H,T,D", [(2, 3, 7, 16), (1, 2, 203, 16), (5, 4, 15, 16), (1, 1, 1, 16), (3, 2, 33, 8),
+                                     (2, 1, 17, 4), (1, 2, 40, 32)])
+def test_the_compiled_causal_attention_is_softmax_attention_and_its_gradient(B, H, T, D):
+    """The compiled kernel (float32, query blocks of 8, keys in chunks of 16: T and the
+    shapes straddle both) against softmax attention computed explicitly in float64, forward
+    and the gradients of q, k and v, to float32 rounding."""
+    from attention_dynamics.head import attend
+    from attention_dynamics.transformer import causal_attention
+
+    g = torch.Generator().manual_seed(T * 31 + D)
+    q, k, v = (torch.randn(B, H, T, D, generator=g, requires_grad=True) for _ in range(3))
+    grad_out = torch.randn(B, H, T, D, generator=g)
+    out = causal_attention(q, k, v, compiled=True)
+    grads = torch.autograd.grad(out, (q, k, v), grad_out)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref = attend(q64, k64, v64, causal=True).output
+    ref_grads = torch.autograd.grad(ref, (q64, k64, v64), grad_out.double())
+    assert (out.double() - ref).abs().max() <= 2e-6 * ref.abs().max()
+    for a, b in zip(grads, ref_grads):
+        assert (a.double() - b).abs().max() <= 5e-6 * max(float(b.abs().max()), 1e-6)
+    torch.testing.assert_close(causal_attention(q, k, v, compiled=False), out, rtol=1e-5, atol=1e-5)
+
+
+def test_the_compiled_dropout_keeps_the_right_share_scaled():
+    from attention_dynamics.transformer import Dropout
+
+    torch.manual_seed(0)
+    drop, x = Dropout(0.25), torch.ones(200_000)
+    y = drop(x)
+    kept = y != 0
+    assert abs(float(kept.double().mean()) - 0.75) < 0.005 and torch.allclose(y[kept], torch.full_like(y[kept], 4 / 3))
+    assert torch.equal(drop.eval()(x), x)
+    with pytest.raises(ValueError, match="p must"):
+        Dropout(1.0)
+
+
 def test_short_training_lowers_the_calibration_error_and_probe_is_exact_for_r2():
     cfg = WindTunnelConfig(V=4, L=3, d_model=16, n_heads=2, n_steps=150, batch=64, lr=3e-3, eval_size=64)
     task, ev, m = cfg.task, cfg.eval_set(), cfg.model()
@@ -153,3 +190,55 @@ def test_short_training_lowers_the_calibration_error_and_probe_is_exact_for_r2()
     assert max(p["r2_error"] for p in probes) < 1e-5
     with pytest.raises(ValueError, match="roles must be among"):
         cfg.train(m, frozen=("keys",))
+
+
+def test_a_stored_trajectory_replays_what_training_callbacks_see(tmp_path, monkeypatch):
+    """The baseline the wind-tunnel chapters share: the measurements replayed from the
+    stored states equal those a callback takes during training (the law probe included,
+    which needs the optimizer's state), a second request loads instead of training, and
+    settings that change training (not eval_size) make a different artifact."""
+    monkeypatch.setenv("ATTENTION_DYNAMICS_ARTIFACTS", str(tmp_path))
+    cfg = WindTunnelConfig(V=4, L=3, d_model=16, n_heads=2, n_steps=12, batch=8, eval_size=16)
+    task, ev = cfg.task, cfg.eval_set()
+    tokens, targets = sample_batch(task, 8, torch.Generator().manual_seed(5))
+
+    def probe(model, optimizer):
+        return [h["value_alignment"] for h in law_probe(model, optimizer, task, tokens, targets)]
+
+    model = cfg.model()
+    live = cfg.train(model, every=4, progress=False, callback=lambda s, p, out: (
+        measure(model, task, ev)["mae_bits"], probe(model, out.info["optimizer"])))
+    first = cfg.trajectory(every=4, progress=False)
+    replayed = first.replay(lambda s, m, opt: (measure(m, task, ev)["mae_bits"], probe(m, opt)))
+    assert first.provenance["loaded"] is False and first.steps == [0, 4, 8, 12]
+    assert [s for s, _ in live.checkpoints] == first.steps
+    for (_, a), (_, b) in zip(live.checkpoints, replayed.checkpoints):
+        assert a[0] == b[0] and a[1] == b[1]
+    np.testing.assert_array_equal(live.loss, first.loss)
+    again = WindTunnelConfig(**{**vars(cfg), "eval_size": 32}).trajectory(every=4, progress=False)
+    assert again.provenance["loaded"] is True and again.provenance["key"] == first.provenance["key"]
+    for name, t in first.model_at(12).state_dict().items():
+        assert torch.equal(t, again.model_at(12).state_dict()[name])
+    other = WindTunnelConfig(**{**vars(cfg), "seed": 1}).trajectory(every=4, progress=False)
+    assert other.provenance["key"] != first.provenance["key"] and not other.provenance["loaded"]
+    with pytest.raises(ValueError, match="step must be one of the stored steps"):
+        first.model_at(5)
+
+
+def test_an_unreadable_artifact_is_made_again(tmp_path, monkeypatch, capsys):
+    from attention_dynamics.artifacts import stored
+
+    monkeypatch.setenv("ATTENTION_DYNAMICS_ARTIFACTS", str(tmp_path))
+    calls = []
+
+    def make():
+        calls.append(1)
+        return {"x": torch.arange(3)}
+
+    payload, prov = stored("test", {"a": 1}, make, modules=["attention_dynamics.stats"])
+    assert not prov["loaded"] and payload["x"].tolist() == [0, 1, 2]
+    Path(prov["path"]).write_bytes(b"truncated")
+    payload, prov = stored("test", {"a": 1}, make, modules=["attention_dynamics.stats"])
+    assert len(calls) == 2 and not prov["loaded"] and "does not load" in capsys.readouterr().err
+    assert stored("test", {"a": 1}, make, modules=["attention_dynamics.stats"])[1]["loaded"]
+    assert not [p for p in tmp_path.iterdir() if p.suffix == ".tmp"]

@@ -20,11 +20,14 @@ W_V: (R, d_x, d_v), W_O: (R, d_v, C).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
 
 import torch
 from torch import Tensor
 
+from .artifacts import stored
+from .native import NativeUnavailable, causal_head_kernel
 from .tasks.sticky_chain import D_X, N_STATES, StickySequence, sample_sequences
 from .training import HEAD_ROLES, SGD, History, StepOutput, em_style, head_rates, train
 from .validation import check_float, check_int, check_int_list, check_same_dtype_device, check_tensor
@@ -65,14 +68,26 @@ def _check(params: dict[str, Tensor], x: Tensor, y: Tensor) -> None:
 
 
 def blocked_causal_step(params: dict[str, Tensor], x: Tensor, y: Tensor, *, block: int = 64,
-                        grads: bool = True, stats: bool = False, value_info: bool = False):
+                        grads: bool = True, stats: bool = False, value_info: bool = False,
+                        native: bool | None = None):
     """Loss (R,) and, with ``grads``, the closed-form gradients of all four matrices; with
     ``stats``, also predictive entropy, accuracy and attention entropy. Returns
     (loss, grads or None, stats or None). With ``value_info`` the grads dict also holds
     "dV", the per-position value gradients (R, T, d_v) of R2, and "N", each key's total
-    responsibility N_j = sum_i alpha_ij (R, T)."""
+    responsibility N_j = sum_i alpha_ij (R, T).
+
+    ``native``: use the compiled kernel (:mod:`attention_dynamics.native`, float32 only),
+    which fuses each query's forward and backward pass; None (default) uses it when it can
+    be built and the inputs are float32, False never does. Both compute the same closed
+    forms (tested against each other and against autograd)."""
     _check(params, x, y)
     block = check_int("block", block, 1, None)
+    if native is not False and x.dtype == torch.float32:
+        try:
+            return _native_step(params, x, y, grads=grads, stats=stats, value_info=value_info)
+        except NativeUnavailable:
+            if native:
+                raise
     W_Q, W_K, W_V, W_O = (params[n] for n in ("W_Q", "W_K", "W_V", "W_O"))
     R, T, _ = x.shape
     C = W_O.shape[-1]
@@ -144,12 +159,68 @@ def blocked_causal_step(params: dict[str, Tensor], x: Tensor, y: Tensor, *, bloc
     return loss, g_all, st
 
 
-def causal_head_loss_fn(x: Tensor, y: Tensor, *, block: int = 64, value_info: bool = False):
+_POOLS: dict[int, ThreadPoolExecutor] = {}
+
+
+def _pool(n: int) -> ThreadPoolExecutor:
+    if n not in _POOLS:
+        _POOLS[n] = ThreadPoolExecutor(max_workers=n, thread_name_prefix="causal-head")
+    return _POOLS[n]
+
+
+def _native_step(params, x, y, *, grads, stats, value_info):
+    """:func:`blocked_causal_step` through the compiled kernel: the projections and the
+    parameter gradients in PyTorch, the O(T^2) part in C, one run per thread at a time (the
+    kernel runs without the GIL). The kernel reads keys and features as whole vectors: the
+    key features are padded with zeros to a power of two, the positions to a multiple of 16."""
+    W_Q, W_K, W_V, W_O = (params[n] for n in ("W_Q", "W_K", "W_V", "W_O"))
+    R, T, _ = x.shape
+    d_k, C = W_Q.shape[-1], W_O.shape[-1]
+    lib = causal_head_kernel(d_k, C)
+    scale = 1.0 / math.sqrt(d_k)
+    KP, TP = 1 << (d_k - 1).bit_length(), -(-T // 16) * 16
+    Q, K = torch.zeros(R, T, KP), torch.zeros(R, T, KP)
+    Q[..., :d_k] = x @ W_Q * scale
+    K[..., :d_k] = x @ W_K
+    V = x @ W_V
+    Zv = (V @ W_O).contiguous()  # (R, T, C)
+    Kt, Zvt = torch.zeros(R, d_k, TP), torch.zeros(R, C, TP)
+    Kt[..., :T], Zvt[..., :T] = K[..., :d_k].transpose(1, 2), Zv.transpose(1, 2)
+    yl = y.to(torch.int64).contiguous()
+    dQ, dK, M = torch.zeros(R, T, KP), torch.zeros(R, T, KP), torch.zeros(R, T, C)
+    N = torch.zeros(R, T) if value_info else None
+    sums = torch.zeros(R, 4, dtype=torch.float64)
+    work = torch.empty(R, 2 * 8 * TP)  # two blocks of 8 query rows
+
+    def run(r):
+        lib.causal_head_run(T, TP, Q[r].data_ptr(), K[r].data_ptr(), Kt[r].data_ptr(), Zv[r].data_ptr(),
+                            Zvt[r].data_ptr(), yl[r].data_ptr(), dQ[r].data_ptr(), dK[r].data_ptr(), M[r].data_ptr(),
+                            None if N is None else N[r].data_ptr(), sums[r].data_ptr(), work[r].data_ptr(),
+                            int(grads))
+
+    list(_pool(max(1, min(torch.get_num_threads(), R))).map(run, range(R)))
+    per_position = (sums / T).to(x.dtype)
+    loss = per_position[:, 0].contiguous()
+    st = BlockedStats(loss, per_position[:, 1], per_position[:, 2], per_position[:, 3]) if stats else None
+    if not grads:
+        return loss, None, st
+    dV = M @ W_O.transpose(1, 2)
+    xt = x.transpose(1, 2)
+    g_all = {"W_Q": torch.bmm(xt, dQ[..., :d_k] * scale), "W_K": torch.bmm(xt, dK[..., :d_k]),
+             "W_V": torch.bmm(xt, dV), "W_O": torch.bmm(V.transpose(1, 2), M)}
+    if value_info:
+        g_all["dV"], g_all["N"] = dV, N
+    return loss, g_all, st
+
+
+def causal_head_loss_fn(x: Tensor, y: Tensor, *, block: int = 64, value_info: bool = False,
+                        native: bool | None = None):
     """A loss function for :func:`attention_dynamics.training.train`; with ``value_info``
-    the per-position value gradients and responsibilities travel in ``out.info``."""
+    the per-position value gradients and responsibilities travel in ``out.info``.
+    ``native`` as in :func:`blocked_causal_step`."""
 
     def loss_fn(p: dict[str, Tensor]) -> StepOutput:
-        loss, grads, _ = blocked_causal_step(p, x, y, block=block, value_info=value_info)
+        loss, grads, _ = blocked_causal_step(p, x, y, block=block, value_info=value_info, native=native)
         info = {"dV": grads.pop("dV"), "N": grads.pop("N")} if value_info else {}
         return StepOutput(loss, grads, info)
 
@@ -252,6 +323,7 @@ class ProtocolRun:
     params: dict[str, Tensor]  # the final weights of every run
     history: History  # losses (n_steps + 1, 2k) and checkpoints
     seconds: float  # wall time of the training
+    provenance: dict  # of the stored run (attention_dynamics.artifacts): where, when, loaded or not
 
 
 @dataclass(frozen=True)
@@ -304,7 +376,15 @@ def run_protocol(config: ProtocolConfig, *, progress: bool = True) -> ProtocolRu
         return {"entropy": st.entropy.clone(), "accuracy": st.accuracy.clone(),
                 "attention_entropy": st.attention_entropy.clone(), "alpha": alpha if step in (0, n_steps) else None}
 
-    start = time.perf_counter()
-    history = train(params, causal_head_loss_fn(x, y, block=block), SGD(protocol_rates(names)), n_steps,
-                    callback=checkpoint, every=config.checkpoint_every, progress=progress, desc="protocol")
-    return ProtocolRun(seeds, names, seq, x, y, params, history, time.perf_counter() - start)
+    def make() -> dict:
+        start = time.perf_counter()
+        hist = train(params, causal_head_loss_fn(x, y, block=block), SGD(protocol_rates(names)), n_steps,
+                     callback=checkpoint, every=config.checkpoint_every, progress=progress, desc="protocol")
+        return {"loss": torch.as_tensor(hist.loss), "checkpoints": hist.checkpoints, "params": params,
+                "seconds": time.perf_counter() - start}
+
+    # the chapters on the protocol share one run: trained once, stored
+    settings = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(config).items()}
+    saved, prov = stored("sticky-protocol", settings, make, modules=[__name__])
+    history = History(saved["loss"].numpy(), [tuple(c) for c in saved["checkpoints"]])
+    return ProtocolRun(seeds, names, seq, x, y, saved["params"], history, saved["seconds"], prov)

@@ -40,7 +40,9 @@ def law_probe(model: CausalTransformer, optimizer: torch.optim.AdamW, task: Wind
         twin_params = dict(twin.named_parameters())
         opt = torch.optim.AdamW([{k: v for k, v in g.items() if k != "params"} | {"params": [twin_params[n]
                                  for n in _group_names(model, g)]} for g in optimizer.param_groups])
-        opt.load_state_dict(optimizer.state_dict())
+        # a deep copy: load_state_dict keeps the very tensors of the moment estimates,
+        # which the probe's step would then change inside the training optimizer
+        opt.load_state_dict(copy.deepcopy(optimizer.state_dict()))
     else:
         opt = torch.optim.SGD([p for p in twin.parameters() if p.requires_grad],
                               lr=check_float("sgd_lr", sgd_lr, 0.0, None, low_open=True))

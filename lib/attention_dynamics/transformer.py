@@ -4,8 +4,9 @@ Pre-LayerNorm blocks (multi-head causal self-attention, then a GELU feed-forward
 LayerNorm and a linear read-out. Inputs are either real vectors (a linear input layer, as in
 the sticky chain) or tokens (an embedding, plus learned positions, as in the wind tunnel).
 
-Training runs attention through ``torch.nn.functional.scaled_dot_product_attention``
-(fused, causal). With ``inspect=True`` the same forward pass computes attention explicitly
+Training runs attention through :func:`causal_attention`: a compiled kernel
+(:mod:`attention_dynamics.native`) when one can be built, else PyTorch's fused
+``scaled_dot_product_attention``; both compute the same function. With ``inspect=True`` the same forward pass computes attention explicitly
 with :func:`attention_dynamics.head.attend` and returns every head's scores, weights,
 queries, keys and values; the two paths agree to rounding (tested).
 
@@ -15,21 +16,23 @@ zero, optional clipping, through :func:`attention_dynamics.training.train`.
 """
 from __future__ import annotations
 
+import contextlib
+import math
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-import contextlib
-from typing import Callable
-
 from .head import Attention, attend
+from .native import NativeUnavailable, causal_attention_kernel
 from .training import ROLES, History, StepOutput, TorchOptimizer, train
-from .validation import check_bool, check_choice, check_float, check_int, check_tensor
+from .validation import check_bool, check_choice, check_float, check_int, check_model_input
 
 __all__ = ["TransformerConfig", "CausalTransformer", "HeadTrace", "parameter_groups", "make_optimizer", "fit",
-           "evaluating", "log_probs_at", "sequence_metrics"]
+           "evaluating", "log_probs_at", "sequence_metrics", "causal_attention"]
 
 
 @dataclass(frozen=True)
@@ -73,11 +76,112 @@ class HeadTrace:
     attention: Attention  # scores, weights (B, H, T, T), output
 
 
+_POOLS: dict[int, ThreadPoolExecutor] = {}
+
+
+def _in_threads(fn, n_slices: int) -> None:
+    """fn(start, stop) over the slices, split evenly among torch's threads (the kernel
+    releases the GIL)."""
+    threads = max(1, min(torch.get_num_threads(), n_slices))
+    if threads == 1:
+        fn(0, n_slices)
+        return
+    pool = _POOLS.setdefault(threads, ThreadPoolExecutor(threads, thread_name_prefix="attention"))
+    bounds = [n_slices * t // threads for t in range(threads + 1)]
+    list(pool.map(lambda t: fn(bounds[t], bounds[t + 1]), range(threads)))
+
+
+def _transposed_padded(x: Tensor, TP: int) -> Tensor:
+    """(S, T, D) -> (S, D, TP), zero beyond T: the layout in which the kernel walks keys."""
+    out = x.new_zeros(x.shape[0], x.shape[2], TP)
+    out[:, :, : x.shape[1]] = x.transpose(1, 2)
+    return out
+
+
+_QB, _JB = 8, 16  # the kernel's query block and key chunk (causal_attention.c)
+
+
+class _CompiledCausalAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v):
+        B, H, T, D = q.shape
+        lib = causal_attention_kernel(D)
+        S, TP, scale = B * H, -(-T // _JB) * _JB, 1.0 / math.sqrt(D)
+        qs, ks, vs = (x.reshape(S, T, D).contiguous() for x in (q, k, v))
+        kt = _transposed_padded(ks, TP)
+        o, lse = torch.empty_like(qs), torch.empty(S, T)
+        work = torch.empty(S, 2 * _QB * TP)
+
+        def run(a, b):
+            lib.attention_forward(b - a, T, TP, qs[a].data_ptr(), kt[a].data_ptr(), vs[a].data_ptr(),
+                                  o[a].data_ptr(), lse[a].data_ptr(), scale, work[a].data_ptr())
+
+        _in_threads(run, S)
+        ctx.save_for_backward(qs, ks, vs, kt, o, lse)
+        ctx.shape = (B, H, T, D)
+        return o.view(B, H, T, D)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        qs, ks, vs, kt, o, lse = ctx.saved_tensors
+        B, H, T, D = ctx.shape
+        lib = causal_attention_kernel(D)
+        S, TP = B * H, kt.shape[-1]
+        vt = _transposed_padded(vs, TP)
+        g = grad_out.reshape(S, T, D).contiguous()
+        dq, dk, dv = torch.empty_like(qs), torch.zeros_like(ks), torch.zeros_like(vs)
+        work = torch.empty(S, 2 * _QB * TP)
+
+        def run(a, b):
+            lib.attention_backward(b - a, T, TP, qs[a].data_ptr(), ks[a].data_ptr(), kt[a].data_ptr(),
+                                   vt[a].data_ptr(), o[a].data_ptr(), g[a].data_ptr(), lse[a].data_ptr(),
+                                   dq[a].data_ptr(), dk[a].data_ptr(), dv[a].data_ptr(), 1.0 / math.sqrt(D),
+                                   work[a].data_ptr())
+
+        _in_threads(run, S)
+        return dq.view(B, H, T, D), dk.view(B, H, T, D), dv.view(B, H, T, D)
+
+
+def causal_attention(q: Tensor, k: Tensor, v: Tensor, *, compiled: bool | None = None) -> Tensor:
+    """softmax(q k^T / sqrt(d) + causal mask) v for (B, H, T, d) inputs, differentiable:
+    through the compiled kernel (float32 on the CPU; ``compiled=None`` uses it when it can
+    be built and the head dimension is 4, 8, 16, 32 or 64; False never), else through
+    PyTorch's fused attention. The kernel walks the
+    keys of each query in long vector loops, which pays when the head dimension is small."""
+    fits = (q.dtype == torch.float32 and q.device.type == "cpu" and q.dim() == 4 and k.shape == q.shape
+            and v.shape == q.shape and q.numel() > 0 and q.shape[-1] in (4, 8, 16, 32, 64))
+    if compiled and not fits:
+        raise ValueError("the compiled attention takes float32 CPU tensors q, k, v of one shape (B, H, T, d) "
+                         f"with d in 4, 8, 16, 32, 64; got {q.dtype} {tuple(q.shape)}")
+    if compiled is not False and fits:
+        try:
+            return _CompiledCausalAttention.apply(q, k, v)
+        except NativeUnavailable:
+            if compiled:
+                raise
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=0.0)
+
+
+class Dropout(nn.Module):
+    """Inverted dropout, as ``nn.Dropout``: each entry kept with probability 1 - p and scaled
+    by 1 / (1 - p) in training mode, the identity in evaluation mode. The mask comes from
+    ``torch.rand``, several times faster on the CPU than ``nn.Dropout``'s Bernoulli draws."""
+
+    def __init__(self, p: float):
+        super().__init__()
+        self.p = check_float("p", p, 0.0, 1.0, high_open=True)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not self.training or self.p == 0.0:
+            return x
+        return x * ((torch.rand_like(x) >= self.p) * (1.0 / (1.0 - self.p)))
+
+
 class Block(nn.Module):
     """Pre-LayerNorm: h + proj(attention(ln1(h))), then h + ff(ln2(h)). Dropout sits where
     the authors' deep model has it in the feed-forward branch (after the GELU and after the
-    second linear map); their dropout on the attention weights is left out (PyTorch's fused
-    CPU attention has none)."""
+    second linear map); their dropout on the attention weights is left out (the fused
+    attention kernels, ours and PyTorch's, have none)."""
 
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
@@ -89,8 +193,8 @@ class Block(nn.Module):
         self.v = nn.Linear(cfg.d_model, cfg.d_model)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model)
         self.ln2 = nn.LayerNorm(cfg.d_model)
-        self.ff = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_ff), nn.GELU(), nn.Dropout(cfg.dropout),
-                                nn.Linear(cfg.d_ff, cfg.d_model), nn.Dropout(cfg.dropout))
+        self.ff = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_ff), nn.GELU(), Dropout(cfg.dropout),
+                                nn.Linear(cfg.d_ff, cfg.d_model), Dropout(cfg.dropout))
 
     def forward(self, h: Tensor, inspect: bool = False) -> tuple[Tensor, HeadTrace | None]:
         B, T, D = h.shape
@@ -102,7 +206,7 @@ class Block(nn.Module):
             o = att.output
             trace = HeadTrace(q, k, v, att)
         else:
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=0.0)
+            o = causal_attention(q, k, v)
         h = h + self.proj(o.transpose(1, 2).reshape(B, T, D))
         h = h + self.ff(self.ln2(h))
         return h, trace
@@ -122,19 +226,8 @@ class CausalTransformer(nn.Module):
         """x: (B, T, d_in) floats or (B, T) token ids. Returns the logits (B, T, n_out) and,
         with ``inspect``, one :class:`HeadTrace` per layer."""
         check_bool("inspect", inspect)
-        if self.cfg.input == "tokens":
-            if x.dtype.is_floating_point or x.dim() != 2:
-                raise TypeError(f"x must be (B, T) integer token ids, got {x.dtype} of shape {tuple(x.shape)}")
-            if x.numel() and (int(x.min()) < 0 or int(x.max()) >= self.cfg.vocab):
-                raise ValueError(f"token ids must lie in [0, {self.cfg.vocab - 1}]")
-        else:
-            check_tensor("x", x, ndim=3)
-            if x.shape[-1] != self.cfg.d_in:
-                raise ValueError(f"x must have shape (B, T, {self.cfg.d_in}), got {tuple(x.shape)}")
-            if x.dtype != self.inp.weight.dtype:
-                raise TypeError(f"x has dtype {x.dtype} but the model's weights are {self.inp.weight.dtype}")
-        if 0 in x.shape:
-            raise ValueError(f"x must have no empty dimension, got shape {tuple(x.shape)}")
+        check_model_input(x, self.cfg.input, vocab=self.cfg.vocab, d_in=self.cfg.d_in,
+                          dtype=self.inp.weight.dtype)
         h = self.inp(x)
         T = h.shape[1]
         if self.pos is not None:
@@ -152,6 +245,8 @@ class CausalTransformer(nn.Module):
 def parameter_groups(model: CausalTransformer) -> dict[str, list[str]]:
     """Parameter names by role (:data:`attention_dynamics.training.ROLES`): 'routing' (query
     and key maps of every block), 'values' (value maps) and 'other' (everything else)."""
+    if hasattr(model, "parameter_roles"):  # another architecture trained by fit (the SSM of R9)
+        return model.parameter_roles()
     groups = {role: [] for role in ROLES}
     for name, _ in model.named_parameters():
         parts = name.split(".")

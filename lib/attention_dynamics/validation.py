@@ -23,6 +23,8 @@ __all__ = [
     "check_tensor",
     "check_same_dtype_device",
     "check_dtype",
+    "settings_from_dict",
+    "check_model_input",
 ]
 
 # The closed forms are checked against autograd in these two; half precision overflows the
@@ -142,6 +144,40 @@ def check_same_dtype_device(**tensors: torch.Tensor) -> None:
             raise TypeError(f"{n} has dtype {t.dtype} but {names[0]} has {first.dtype}; they must match")
         if t.device != first.device:
             raise ValueError(f"{n} is on {t.device} but {names[0]} is on {first.device}; they must match")
+
+
+def settings_from_dict(cls, settings, name: str):
+    """An instance of the settings dataclass ``cls`` from a mapping (a chapter's parameter
+    ``name``): the settings given, the defaults for the rest; an unknown setting is named."""
+    from dataclasses import fields
+
+    if not isinstance(settings, dict):
+        raise TypeError(f"{name} must be a mapping of settings, got {type(settings).__name__}")
+    known = [f.name for f in fields(cls)]
+    unknown = sorted(set(settings) - set(known))
+    if unknown:
+        raise ValueError(f"{name} has no setting(s) {unknown}; its settings are {known}")
+    return cls(**settings)
+
+
+def check_model_input(x, kind: str, *, vocab: int | None = None, d_in: int | None = None,
+                      dtype: torch.dtype | None = None) -> None:
+    """A sequence model's input: (B, T) token ids below ``vocab`` (``kind="tokens"``) or
+    (B, T, d_in) vectors of the model's ``dtype`` (``kind="linear"``); no empty dimension."""
+    if kind == "tokens":
+        if not isinstance(x, torch.Tensor) or x.dtype.is_floating_point or x.dim() != 2:
+            raise TypeError(f"x must be (B, T) integer token ids, got {getattr(x, 'dtype', type(x))} of shape "
+                            f"{tuple(getattr(x, 'shape', ()))}")
+        if x.numel() and (int(x.min()) < 0 or int(x.max()) >= vocab):
+            raise ValueError(f"token ids must lie in [0, {vocab - 1}]")
+    else:
+        check_tensor("x", x, ndim=3)
+        if x.shape[-1] != d_in:
+            raise ValueError(f"x must have shape (B, T, {d_in}), got {tuple(x.shape)}")
+        if dtype is not None and x.dtype != dtype:
+            raise TypeError(f"x has dtype {x.dtype} but the model's weights are {dtype}")
+    if 0 in x.shape:
+        raise ValueError(f"x must have no empty dimension, got shape {tuple(x.shape)}")
 
 
 def _range(low, high) -> str:

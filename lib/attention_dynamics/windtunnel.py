@@ -6,20 +6,30 @@ measurements in :mod:`attention_dynamics.geometry` (calibration, geometry) and
 :class:`WindTunnelConfig` carries the settings the three wind-tunnel chapters share; it
 builds the model (:mod:`attention_dynamics.transformer`) and trains it with
 :func:`attention_dynamics.transformer.fit` on fresh samples every step.
+
+A plain run (no ablation) is asked for as a :class:`Trajectory`: the model's and the
+optimizer's states every ``every`` steps, trained once and stored
+(:mod:`attention_dynamics.artifacts`), so that the three chapters that measure the same
+baseline share one training run.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+import copy
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
 
+import numpy as np
 import torch
 from torch import Tensor
 
+from .artifacts import stored
+
 from .tasks.bijection import EvalSet, WindTunnel, eval_set, sample_batch, supervised_positions
 from .training import History
-from .transformer import CausalTransformer, TransformerConfig, fit, log_probs_at
-from .validation import check_bool, check_float, check_int
+from .transformer import CausalTransformer, TransformerConfig, fit, log_probs_at, make_optimizer
+from .validation import check_bool, check_float, check_int, settings_from_dict
 
-__all__ = ["WindTunnelConfig", "supervised_log_probs"]
+__all__ = ["WindTunnelConfig", "Trajectory", "supervised_log_probs"]
 
 
 @dataclass(frozen=True)
@@ -61,13 +71,7 @@ class WindTunnelConfig:
     def from_dict(cls, settings: dict, name: str = "wind_tunnel") -> "WindTunnelConfig":
         """The settings given in ``settings`` (a chapter's ``wind_tunnel`` parameter), the
         defaults for the rest, validated."""
-        if not isinstance(settings, dict):
-            raise TypeError(f"{name} must be a mapping of settings, got {type(settings).__name__}")
-        known = [f.name for f in fields(cls)]
-        unknown = sorted(set(settings) - set(known))
-        if unknown:
-            raise ValueError(f"{name} has no setting(s) {unknown}; its settings are {known}")
-        return cls(**settings)
+        return settings_from_dict(cls, settings, name)
 
     @property
     def task(self) -> WindTunnel:
@@ -95,6 +99,64 @@ class WindTunnelConfig:
         return fit(model, lambda: sample_batch(task, self.batch, gen), self.n_steps, lr=self.lr, rates=rates,
                    frozen=frozen, positions=supervised_positions(task), callback=callback, every=every,
                    progress=progress, desc=desc)
+
+
+    def trajectory(self, every: int, *, progress: bool = True, desc: str = "wind tunnel") -> "Trajectory":
+        """The plain training run of these settings with the model's and optimizer's states
+        at steps 0, every, 2 every, ... and the last: loaded when an earlier call (in any
+        process) stored it, else trained (:meth:`train`) and stored. ``eval_size`` plays no
+        part in training and none in the key."""
+        every = check_int("every", every, 1, self.n_steps)
+        settings = {k: v for k, v in asdict(self).items() if k != "eval_size"} | {"every": every}
+
+        def make() -> dict:
+            model = self.model()
+
+            def keep(step, params, out):
+                return {"model": {k: v.clone() for k, v in model.state_dict().items()},
+                        "optimizer": copy.deepcopy(out.info["optimizer"].state_dict())}
+
+            hist = self.train(model, callback=keep, every=every, progress=progress, desc=desc)
+            return {"loss": torch.as_tensor(hist.loss), "steps": [s for s, _ in hist.checkpoints],
+                    "states": [c for _, c in hist.checkpoints]}
+
+        payload, provenance = stored("windtunnel", settings, make, modules=[__name__])
+        return Trajectory(self, payload["loss"].numpy(), payload["steps"], payload["states"], provenance)
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """A stored plain training run (:meth:`WindTunnelConfig.trajectory`): the loss at every
+    step, and the model's and the optimizer's states at ``steps``. ``provenance`` says when
+    and where it was trained, in how many seconds, and whether it was loaded."""
+
+    config: WindTunnelConfig
+    loss: np.ndarray
+    steps: list[int]
+    states: list[dict]
+    provenance: dict
+
+    def model_at(self, step: int) -> CausalTransformer:
+        """The model after ``step`` updates (one of ``steps``), in training mode."""
+        if step not in self.steps:
+            raise ValueError(f"step must be one of the stored steps {self.steps[0]}, {self.steps[1]}, ... "
+                             f"{self.steps[-1]}, got {step}")
+        model = self.config.model()
+        model.load_state_dict(self.states[self.steps.index(step)]["model"])
+        return model
+
+    def replay(self, measure: Callable[[int, CausalTransformer, torch.optim.AdamW], Any]) -> History:
+        """A :class:`History` of the run whose checkpoints hold ``measure(step, model,
+        optimizer)`` at every stored step: the model and its optimizer as training left them
+        there (the optimizer at that step's learning rate), as a ``fit`` callback sees them."""
+        checkpoints = []
+        for step, state in zip(self.steps, self.states):
+            model = self.config.model()
+            model.load_state_dict(state["model"])
+            optimizer = make_optimizer(model, lr=self.config.lr)
+            optimizer.load_state_dict(state["optimizer"])
+            checkpoints.append((step, measure(step, model, optimizer)))
+        return History(self.loss, checkpoints)
 
 
 def supervised_log_probs(model: CausalTransformer, tokens: Tensor, task: WindTunnel, *, inspect: bool = False):

@@ -7,7 +7,6 @@ A reader of the science never needs to open it.
 - ``profiles``: ``notebooks/profiles.yml`` and the YAML in which parameter values travel
 - ``provenance``: what a record carries about its run, and the footer of every chapter
 - ``records``: the numbers a notebook records (and glues into its text), written atomically
-- ``dependencies``: which library modules a chapter imports, for the runner's cache key
 - ``scorecard``: the page listing every claim of the paper with its computed verdict
 - ``build``: the HTML book (Jupyter Book 1.x) and its check for pages that show errors
 """

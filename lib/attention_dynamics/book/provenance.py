@@ -30,6 +30,8 @@ def _git(root: str, *args: str) -> str:
 
 
 def provenance(job, key: str, seconds: float) -> dict:
+    from ..artifacts import cpu_model
+
     import torch
 
     commit = _git(job.root, "rev-parse", "HEAD") or "unknown"
@@ -46,6 +48,8 @@ def provenance(job, key: str, seconds: float) -> dict:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+        "cpu": cpu_model(),
+        "threads": int(os.environ.get("OMP_NUM_THREADS") or torch.get_num_threads()),
         "executed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "seconds": round(seconds, 2),
         "cache_key": key,

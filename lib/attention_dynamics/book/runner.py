@@ -10,6 +10,11 @@ with its recorded numbers and their provenance in ``OUT/NAME.json``. A notebook 
 source, parameters and library code are unchanged since its last successful run, and whose
 outputs are intact, is not executed again. ``--book`` then builds the static HTML book and
 fails if any page shows an error.
+
+Chapters run side by side, ``--workers`` at a time (default: one per usable CPU), the
+longest first (by the time their last run took), each with CPU count / workers threads
+(``OMP_NUM_THREADS``), so that small-tensor chapters do not wait on a descheduled second
+thread; ``--workers 1`` runs them one after another with every thread.
 """
 from __future__ import annotations
 
@@ -27,13 +32,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .build import build_book
-from .dependencies import chapter_modules, module_digest
+from ..sources import chapter_modules, module_digest
 from .profiles import PROFILES, check_parameters, find_root, format_value, load_profiles, parse_value
 from .provenance import CLI, append_provenance, provenance, repository
 from .records import write_json_atomic
 
 __all__ = ["Job", "JobResult", "NotebookFailed", "make_jobs", "make_grid_jobs", "check_out_dir", "cache_key",
-           "library_digest", "execute", "run_jobs", "timing_table", "publish_paper_records", "main"]
+           "library_digest", "execute", "run_jobs", "run_chapters", "longest_first", "usable_cpus", "expected_seconds", "timing_table",
+           "publish_paper_records", "main"]
 
 RESULTS = Path("results") / "paper"  # under the repository root: the records of the last paper build
 
@@ -201,6 +207,60 @@ def cached_result(job: Job, key: str) -> tuple[JobResult | None, str]:
 KERNEL_ARGUMENTS = ["--IPKernelApp.log_level=ERROR"]
 
 
+def usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+def _use_threads(threads: int) -> None:
+    """In a worker: the kernels it starts (and their PyTorch) use this many threads."""
+    for var in THREAD_VARIABLES:
+        os.environ[var] = str(threads)
+
+
+def expected_seconds(job: Job) -> float:
+    """How long the chapter took last time: its record in the output folder, else (paper
+    profile) the committed paper record; 0 when neither says."""
+    for path in (job.record, Path(job.root) / RESULTS / f"{job.name}.json"):
+        try:
+            record = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        prov = record.get("provenance", {})
+        if prov.get("profile") == job.profile and isinstance(prov.get("seconds"), (int, float)):
+            return float(prov["seconds"])
+    return 0.0
+
+
+def longest_first(jobs: list[Job]) -> list[Job]:
+    """The jobs by the time their last run took, longest first (stable for ties)."""
+    return sorted(jobs, key=expected_seconds, reverse=True)
+
+
+def run_chapters(jobs: list[Job], workers: int | None = None, *, progress: bool = True) -> list[JobResult]:
+    """Run chapters ``workers`` at a time (default: one per usable CPU, at most one per
+    chapter), longest first, each worker's kernels with CPUs // workers threads; the results
+    come back in the order of ``jobs``."""
+    cpus = usable_cpus()
+    workers = min(workers or cpus, len(jobs))
+    if workers <= 1:
+        return run_jobs(jobs, progress=progress)
+    from concurrent.futures import ProcessPoolExecutor
+
+    order = longest_first(jobs)
+    threads = max(1, cpus // workers)
+    if progress:
+        print(f"{len(jobs)} chapters, {workers} side by side, {threads} thread(s) each", flush=True)
+    with ProcessPoolExecutor(max_workers=workers, initializer=_use_threads, initargs=(threads,)) as pool:
+        results = {r.name: r for r in run_jobs(order, pool, progress=progress)}
+    return [results[j.stem] for j in jobs]
+
+
 def execute(job: Job, progress_bar: bool = False) -> JobResult:
     """Run one notebook; skip it when its last successful run had the same cache key and
     its outputs are intact. Works in a private folder inside the output folder and moves
@@ -333,14 +393,25 @@ def publish_paper_records(root: Path, results: list[JobResult]) -> list[str]:
     return lines
 
 
-def timing_table(results: list[JobResult]) -> str:
-    width = max([len(r.name) for r in results] + [7])
-    lines = [f"{'chapter':<{width}}  status   seconds", f"{'-' * width}  ------  --------"]
-    for r in results:
-        secs = r.record.get("provenance", {}).get("seconds", r.seconds)
-        lines.append(f"{r.name:<{width}}  {r.status:<6}  {secs:8.1f}")
-    total = sum(r.seconds for r in results)
-    lines.append(f"{'this run':<{width}}          {total:8.1f}")
+def timing_table(results: list[JobResult], wall_seconds: float | None = None) -> str:
+    """Each chapter's seconds (this run's, or its cached run's), threads and share of the
+    sum; then the sum, and the wall-clock time of this run with the processor."""
+    from ..artifacts import cpu_model
+
+    width = max([len(r.name) for r in results] + [16])
+    secs = [float(r.record.get("provenance", {}).get("seconds", r.seconds)) for r in results]
+    whole = sum(secs) or 1.0
+    lines = [f"{'chapter':<{width}}  status   seconds  threads  share",
+             f"{'-' * width}  ------  --------  -------  -----"]
+    for r, t in zip(results, secs):
+        threads = r.record.get("provenance", {}).get("threads", "")
+        lines.append(f"{r.name:<{width}}  {r.status:<6}  {t:8.1f}  {threads!s:>7}  {100 * t / whole:4.0f}%")
+    lines.append(f"{'sum of chapters':<{width}}          {sum(secs):8.1f}")
+    ran = sum(r.seconds for r in results)
+    lines.append(f"{'executed now':<{width}}          {ran:8.1f}")
+    if wall_seconds is not None:
+        lines.append(f"{'wall clock':<{width}}          {wall_seconds:8.1f}  on {cpu_model()}, "
+                     f"{usable_cpus()} CPUs")
     return "\n".join(lines)
 
 
@@ -392,13 +463,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--book", action="store_true", help="then build the HTML book")
     ap.add_argument("--grid", action="append", default=[], metavar="NAME=[V1,V2,...]",
                     help="run the chapter named by --only at every point of a parameter grid (YAML lists)")
-    ap.add_argument("--workers", type=int, help="run the grid on a local process pool of this size (at least 1)")
+    ap.add_argument("--workers", type=int, help="chapters (or grid points) run side by side on a local process "
+                    "pool of this size (at least 1; default: one per usable CPU)")
     ap.add_argument("--scheduler", metavar="ADDRESS", help="run the grid on a Dask cluster (e.g. tcp://host:8786)")
     args = ap.parse_args(argv)
     if args.book and (args.only or args.set or args.out or args.grid):
         ap.error("--book builds every chapter into book/chapters; it does not combine with --only, --set, --grid or --out")
-    if (args.workers is not None or args.scheduler) and not args.grid:
-        ap.error("--workers and --scheduler run a --grid")
+    if args.scheduler and not args.grid:
+        ap.error("--scheduler runs a --grid")
     if args.workers is not None and args.workers < 1:
         ap.error(f"--workers must be at least 1, got {args.workers}")
     if args.workers is not None and args.scheduler:
@@ -418,14 +490,16 @@ def main(argv: list[str] | None = None) -> int:
             results = _run_grid(jobs, args.workers, args.scheduler)
         else:
             jobs = make_jobs(root, args.profile, only=args.only, overrides=overrides, out_dir=args.out, force=args.force)
-            results = run_jobs(jobs)
+            start = time.perf_counter()
+            results = run_chapters(jobs, args.workers)
+            wall = time.perf_counter() - start
     except (NotebookFailed, ValueError, TypeError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("interrupted: the outputs of finished chapters are kept, nothing half-written is left", file=sys.stderr)
         return 130
-    print(timing_table(results))
+    print(timing_table(results, None if args.grid else wall))
     if args.profile == "paper" and not (args.set or args.grid or args.out):
         for line in publish_paper_records(root, results):
             print(line)

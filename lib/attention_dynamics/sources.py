@@ -1,8 +1,10 @@
-"""Which library modules a chapter depends on: the modules its notebook imports, and the
-modules those import, transitively (imports inside functions included). The runner's cache
-key covers these and nothing else, so that editing the runner, the scorecard page or the
-provenance footer re-executes no chapter, and editing a module re-executes exactly the
-chapters that import it."""
+"""Which library source files a computation depends on: the modules a chapter's notebook (or
+a module) imports, and the modules those import, transitively (imports inside functions
+included), with the non-Python sources of the packages among them (the C kernels of
+``native``). The runner's cache key of a chapter covers these and nothing else, so that
+editing the runner, the scorecard page or the provenance footer re-executes no chapter, and
+editing a module re-executes exactly the chapters that import it; the key of a stored
+trained model (:mod:`attention_dynamics.artifacts`) covers those of its training code."""
 from __future__ import annotations
 
 import ast
@@ -10,10 +12,11 @@ import hashlib
 import re
 from pathlib import Path
 
-__all__ = ["PACKAGE", "chapter_modules", "module_digest"]
+__all__ = ["PACKAGE", "PACKAGE_DIR", "chapter_modules", "module_closure", "module_digest"]
 
 PACKAGE = "attention_dynamics"
-PACKAGE_DIR = Path(__file__).resolve().parent.parent
+PACKAGE_DIR = Path(__file__).resolve().parent
+SOURCE_SUFFIXES = (".c", ".h")  # compiled on the reader's machine; they change results too
 
 
 def _module_file(dotted: str) -> Path | None:
@@ -70,10 +73,17 @@ def chapter_modules(notebook: Path) -> list[Path]:
     source = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
     source = "\n".join(l for l in source.splitlines() if not l.lstrip().startswith(("%", "!")))
     try:
-        todo = _imported_names(ast.parse(source), None)
+        names = _imported_names(ast.parse(source), None)
     except SyntaxError:  # a cell that does not parse: fall back to the import lines
-        todo = set(re.findall(rf"^\s*(?:from|import)\s+({PACKAGE}[\w.]*)", source, re.M))
-    seen: dict[str, Path] = {}
+        names = set(re.findall(rf"^\s*(?:from|import)\s+({PACKAGE}[\w.]*)", source, re.M))
+    return module_closure(names)
+
+
+def module_closure(names) -> list[Path]:
+    """The files of the package's modules ``names`` (dotted), of their enclosing packages
+    and of everything they import, transitively, with the packages' non-Python sources;
+    sorted."""
+    todo, seen = set(names), {}
     while todo:
         name = todo.pop()
         for dotted in [*_parents(name), name]:
@@ -82,7 +92,11 @@ def chapter_modules(notebook: Path) -> list[Path]:
                 continue
             seen[dotted] = f
             todo |= _imported_names(ast.parse(f.read_text(encoding="utf-8")), dotted) - set(seen)
-    return sorted(set(seen.values()))
+    files = set(seen.values())
+    for f in list(files):
+        if f.name == "__init__.py":
+            files.update(p for p in f.parent.iterdir() if p.suffix in SOURCE_SUFFIXES)
+    return sorted(files)
 
 
 def module_digest(files: list[Path]) -> str:

@@ -1,0 +1,109 @@
+"""Trained models kept on disk between chapters, with their provenance.
+
+Three wind-tunnel chapters measure the same baseline training run in different ways. The
+first to ask for it trains it and stores what the others need (the model's and the
+optimizer's states at the checkpoints, the loss curve); the others load it. An artifact is
+found by a key over everything that determines it: its settings, PyTorch's version and the
+library sources of the code that makes it (:func:`attention_dynamics.sources.module_closure`),
+so an edit to the training code, or a new PyTorch, makes a new one.
+
+The folder is ``$ATTENTION_DYNAMICS_ARTIFACTS``, else ``~/.cache/attention_dynamics/artifacts``.
+Chapters running side by side take a lock per artifact: the second waits for the first to
+finish training and then loads. A file that does not load (truncated, from an older
+format) is made again. Files are written whole or not at all.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import fcntl
+import hashlib
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from .sources import module_closure, module_digest
+
+__all__ = ["artifact_folder", "stored", "cpu_model"]
+
+
+def artifact_folder() -> Path:
+    """Where artifacts live: $ATTENTION_DYNAMICS_ARTIFACTS, else the user's cache."""
+    env = os.environ.get("ATTENTION_DYNAMICS_ARTIFACTS")
+    base = Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / \
+        "attention_dynamics" / "artifacts"
+    base.mkdir(parents=True, exist_ok=True)
+    return base
+
+
+def cpu_info() -> dict[str, str]:
+    """The first processor's entries of /proc/cpuinfo (empty where there is none)."""
+    info = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if not line.strip():
+                    break  # the first processor says it all
+                k, _, v = line.partition(":")
+                info[k.strip()] = v.strip()
+    except OSError:
+        pass
+    return info
+
+
+def cpu_model() -> str:
+    """The processor: its model name, family and model numbers and its widest vector
+    instructions (from /proc/cpuinfo on Linux), e.g. 'AMD EPYC (family 26 model 2, AVX-512)'."""
+    info = cpu_info()
+    if "model name" not in info:
+        return platform.processor() or platform.machine() or "unknown"
+    flags = info.get("flags", "").split()
+    vector = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
+    return f"{info['model name']} (family {info.get('cpu family', '?')} model {info.get('model', '?')}, {vector})"
+
+
+def stored(kind: str, settings: dict, make: Callable[[], Any], *, modules: list[str]) -> tuple[Any, dict]:
+    """The artifact ``kind`` made with ``settings`` (JSON-serializable): loaded if it is on
+    disk, else made by ``make()`` (anything ``torch.save`` stores with tensors, numbers,
+    strings, lists and dicts) and stored. ``modules``: the dotted names of the library modules
+    whose code makes it. Returns (payload, provenance); the provenance says what made it,
+    when, on which processor, in how many seconds, and whether this call loaded it."""
+    files = module_closure(modules)
+    fields = {"kind": kind, "settings": settings, "torch": str(torch.__version__),
+              "library_digest": module_digest(files)}
+    key = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:20]
+    folder = artifact_folder()
+    path = folder / f"{kind}-{key}.pt"
+    with open(folder / f".{path.name}.lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"{kind}: another process is making this artifact; waiting for it", file=sys.stderr, flush=True)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        if path.is_file():
+            try:
+                saved = torch.load(path, weights_only=True)
+                return saved["payload"], dict(saved["provenance"], loaded=True, path=str(path))
+            except Exception as e:  # truncated by a crash of an older version, or unreadable
+                print(f"{kind}: the stored artifact {path.name} does not load ({type(e).__name__}); "
+                      f"making it again", file=sys.stderr, flush=True)
+        start = time.perf_counter()
+        payload = make()
+        prov = dict(fields, key=key, seconds=time.perf_counter() - start, cpu=cpu_model(),
+                    threads=torch.get_num_threads(),
+                    created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
+        os.close(fd)
+        try:
+            torch.save({"payload": payload, "provenance": prov}, tmp)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        return payload, dict(prov, loaded=False, path=str(path))
