@@ -124,6 +124,29 @@ def test_wt_laws_chapter(quick_runs):
     assert v["score_sign_agreement_eta_range"] < 0.02  # the probe is in its first-order regime
 
 
+def test_ssm_routing_chapter(quick_runs):
+    v = quick_runs("ssm_routing")["values"]
+    assert v["ssm_max_rel_error"] <= 1e-12  # the SSM's closed forms are its gradient
+    assert v["mambapy_max_rel_error_64"] <= 1e-12 and v["mambapy_max_rel_error_32"] <= 1e-5
+    # a plain step on the SSM's routing parameters moves w with a non-negative inner
+    # product with -b (dw = -eta J J^T b): the cosine cannot be negative beyond rounding
+    assert v["ssm_cosine_b"] > -1e-6
+    for arch in ("attention", "ssm"):
+        assert 0.0 <= v[f"{arch}_weighted_advantage"] <= 1.0 and len(v[f"{arch}_weighted_b_per_seed"]) == 1
+
+
+def test_inference_primitives_chapter(quick_runs):
+    v = quick_runs("inference_primitives")["values"]
+    for name in ("accumulation", "transport", "binding"):
+        for arch in ("attention", "ssm"):
+            # the Bayes predictor is the floor: no model beats it beyond the sampling noise
+            assert min(v[f"{name}_{arch}_gap_per_seed"]) > -0.01, (name, arch)
+    assert v["binding_bayes_bits"] == 0.0 and v["accumulation_bayes_bits"] < v["accumulation_baseline_bits"]
+    # even 150 steps learn to count: both architectures capture most of the accumulation gain
+    assert v["accumulation_attention_share"] > 0.5 and v["accumulation_ssm_share"] > 0.5
+    assert abs(v["params_attention"] - v["params_ssm"]) <= 0.15 * v["params_ssm"]  # matched sizes
+
+
 def test_scorecard_rows_come_from_the_records(root, quick_runs):
     from attention_dynamics.book.profiles import load_profiles
     from attention_dynamics.book.scorecard import render

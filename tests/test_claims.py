@@ -81,11 +81,25 @@ CASES = {
                  {"frame_first_count": 0, "precision_first_count": 9, "frame_comparisons": 9}),
     "r8_ablations": ({"mae_baseline": 0.01, "mae_values_frozen": 0.02, "mae_routing_frozen": 0.02},
                      {"mae_baseline": 0.01, "mae_values_frozen": 0.011, "mae_routing_frozen": 0.012}),
+    "r9_ssm_exact": ({"ssm_max_rel_error": 1e-12}, {"ssm_max_rel_error": 1e-8}),
+    "r9_ssm_reference": ({"mambapy_max_rel_error_64": 1e-12}, {"mambapy_max_rel_error_64": 1e-6}),
+    "r9_attention_law": ({"attention_weighted_advantage_per_seed": [0.60, 0.61, 0.62],
+                          "attention_weighted_b_per_seed": [0.57, 0.58, 0.59]},
+                         {"attention_weighted_advantage_per_seed": [0.55, 0.56, 0.57],
+                          "attention_weighted_b_per_seed": [0.56, 0.57, 0.58]}),
+    "r9_ssm_law": ({"ssm_weighted_advantage_per_seed": [0.60, 0.61, 0.62], "ssm_weighted_b_per_seed": [0.57, 0.58, 0.59]},
+                   {"ssm_weighted_advantage_per_seed": [0.55, 0.56, 0.57], "ssm_weighted_b_per_seed": [0.58, 0.59, 0.60]}),
+    "r9_accumulation": ({"accumulation_attention_share": 0.9, "accumulation_ssm_share": 0.95},
+                        {"accumulation_attention_share": 0.4, "accumulation_ssm_share": 0.8}),
+    "r9_transport": ({"transport_attention_share": 0.91, "transport_ssm_share": 0.9},
+                     {"transport_attention_share": 0.3, "transport_ssm_share": 0.2}),
+    "r9_binding": ({"binding_attention_share": 0.99, "binding_ssm_share": 0.9},
+                   {"binding_attention_share": 0.45, "binding_ssm_share": 0.6}),
 }
 
 
 def test_every_rule_has_its_cases():
-    assert set(CASES) == {c.key for c in CLAIMS} - {"r9"}
+    assert set(CASES) == {c.key for c in CLAIMS}
 
 
 @pytest.mark.parametrize("key", sorted(CASES))
@@ -104,6 +118,12 @@ def test_the_steps_row_compares_standard_errors_not_spreads():
 
 
 def test_intermediate_verdicts():
+    # the SSM law: a difference within two standard errors says nothing either way
+    assert verdict("r9_ssm_law", {"ssm_weighted_advantage_per_seed": [0.60, 0.55, 0.62],
+                                  "ssm_weighted_b_per_seed": [0.58, 0.58, 0.58]}) == INCONCLUSIVE
+    assert verdict("r9_ssm_law", {"ssm_weighted_advantage_per_seed": [0.6], "ssm_weighted_b_per_seed": [0.5]}) \
+        == INCONCLUSIVE
+    assert verdict("r9_binding", {"binding_attention_share": 0.95, "binding_ssm_share": 0.2}) == PARTLY
     assert verdict("r8_frame", {"frame_first_count": 4, "precision_first_count": 5, "frame_comparisons": 9}) == INCONCLUSIVE
     assert verdict("r8_focusing", {"attention_bits_by_position": [0, 1.5, 2.2, 2.7, 3.1],
                                    "uniform_bits_by_position": [0, 1.58, 2.32, 2.81, 3.17]}) == PARTLY

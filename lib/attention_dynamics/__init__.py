@@ -16,11 +16,14 @@ Models
     causal_head     the single causal head of the sticky-chain protocol (R7), fast and reference
     transformer     one small causal transformer and the one way it trains (fit)
     windtunnel      the wind-tunnel experiment's settings, model and training (R8)
+    ssm             a selective state-space model (Mamba's S6) as content-based routing (R9)
+    primitives      the inference-primitives experiment: attention and SSM side by side (R9)
 
 Tasks and their exact posteriors (attention_dynamics.tasks)
     tasks.clusters      queries from clusters reading a memory of slots (R5, R6)
     tasks.sticky_chain  the sticky Markov chain and its Bayes floors (R7)
     tasks.bijection     the bijection wind tunnel and its exact posterior (R8)
+    tasks.primitives    accumulation, transport and binding with their Bayes predictors (R9)
 
 The paper's claims
     reference       what the paper and the authors' script report, with where each comes from
@@ -30,13 +33,17 @@ Measurements
     specialization  routing and content specializing together (R5)
     geometry        calibration and the geometry of a trained transformer (R8)
     law_probe       the two laws inside a trained transformer (R8)
+    routing_probe   which routing law moves the weights of a trained attention or SSM model (R9)
     stats           slopes, spreads, first steps below a threshold, settling times
 
 Support
     validation      argument checks whose errors name the argument and the allowed range
     plotting        the book's look and the figures chapters share
+    native          compiled kernels (C, built on first use) behind the fast paths
+    artifacts       trained models kept on disk between chapters, with their provenance
+    sources         which library source files a computation depends on (cache keys)
 
 The book machinery lives apart, in attention_dynamics.book (runner, profiles, provenance,
-records, scorecard, dependencies, build); a reader of the science never needs to open it.
+records, scorecard, build); a reader of the science never needs to open it.
 """
 __version__ = "0.2.0"

@@ -235,6 +235,47 @@ def _ablations(v):
     return Reading(text, HOLDS if all(hurt) else PARTLY if any(hurt) else FAILS)
 
 
+def _law_difference(v, arch):
+    """weighted_advantage - weighted_b per seed at the smallest step: mean, se, n."""
+    d = np.asarray(v[f"{arch}_weighted_advantage_per_seed"]) - np.asarray(v[f"{arch}_weighted_b_per_seed"])
+    return mean_se(d)
+
+
+def _attention_law(v):
+    m, se, n = _law_difference(v, "attention")
+    verdict = HOLDS if n >= 2 and m > 2 * se and m > 0.02 else PARTLY if m > 0 else FAILS
+    return Reading(m, verdict, se, n)
+
+
+def _ssm_law(v):
+    m, se, n = _law_difference(v, "ssm")
+    if n < 2:
+        return Reading(m, INCONCLUSIVE, se, n, why="one seed: no spread to judge by")
+    verdict = HOLDS if m > 2 * se and m > 0.02 else FAILS if m < -2 * se and m < -0.02 else INCONCLUSIVE
+    return Reading(m, verdict, se, n)
+
+
+IMPLEMENTS, IN_PART = 0.9, 0.5  # share of the attainable gain over the baseline
+
+
+def implements(share: float) -> str:
+    """How far a model carries out a primitive, from its share of the attainable gain
+    (chapter: Three inference primitives)."""
+    if share >= IMPLEMENTS:
+        return "implements it"
+    return "implements it in part" if share >= IN_PART else "does not implement it"
+
+
+def _primitive(name):
+    def read(v):
+        a, s = v[f"{name}_attention_share"], v[f"{name}_ssm_share"]
+        both, either = min(a, s), max(a, s)
+        verdict = (HOLDS if both >= IMPLEMENTS
+                   else PARTLY if either >= IMPLEMENTS or both >= IN_PART else FAILS)
+        return Reading(f"attention {a:.0%}, SSM {s:.0%}", verdict)
+    return read
+
+
 def _value(key, rule, *args, **kw):
     return lambda v: Reading(v[key], rule(v[key], *args, **kw))
 
@@ -336,8 +377,31 @@ CLAIMS: list[Claim] = [
     Claim("r8_ablations", "R8", "freezing values or routing at least doubles the calibration error",
           "the geometry and function come through the two laws", "wt_laws",
           "holds if both ablations double the error, partly if one does", _ablations, "{}"),
-    Claim("r9", "R9", "belief accumulation, transport and binding as inference primitives", "sketched in v3", "",
-          "not tested by this book", lambda v: Reading(None, UNMEASURED, why="no chapter measures it yet")),
+    Claim("r9_ssm_exact", "R9", "selective SSM: closed-form routing gradients vs autograd, max relative error (float64)",
+          "one framework of content-based routing (v3)", "ssm_routing", "holds if ≤ 1e-12",
+          at_most("ssm_max_rel_error", 1e-12), "{:.1e}", 1e-12),
+    Claim("r9_ssm_reference", "R9", "our selective SSM block vs the reference implementation mambapy, max relative "
+          "difference (float64)", "the SSM is Mamba's (S6)", "ssm_routing", "holds if ≤ 1e-12",
+          at_most("mambapy_max_rel_error_64", 1e-12), "{:.1e}", 1e-12),
+    Claim("r9_attention_law", "R9", "trained attention, one layer's routing parameters stepped: share of the movement "
+          "of α with −sign(advantage) minus share with −sign(b), η → 0 (mean ± se over seeds)", "advantage-based routing (R1)", "ssm_routing",
+          "holds if above 0.02 and 2 se (n ≥ 2); partly if positive", _attention_law, "{:.3f}", 0.02),
+    Claim("r9_ssm_law", "R9", "trained selective SSM, one layer's routing parameters stepped: share of the movement "
+          "of w with −sign(advantage) minus share with −sign(b), η → 0 (mean ± se over seeds)", "conjectured: advantage-based routing governs SSMs too",
+          "ssm_routing", "holds if above 0.02 and 2 se; does not if below −0.02 and −2 se; otherwise inconclusive",
+          _ssm_law, "{:.3f}", 0.02),
+    Claim("r9_accumulation", "R9", "accumulation (Dirichlet die): share of the attainable gain captured over uniform",
+          "belief accumulation is an inference primitive", "inference_primitives",
+          "holds if both architectures capture ≥ 90%; partly if one does, or both ≥ 50%",
+          _primitive("accumulation"), "{}"),
+    Claim("r9_transport", "R9", "transport (sticky chain through noise): share of the filter's gain over x_t alone captured",
+          "belief transport is an inference primitive", "inference_primitives",
+          "holds if both architectures capture ≥ 90%; partly if one does, or both ≥ 50%",
+          _primitive("transport"), "{}"),
+    Claim("r9_binding", "R9", "binding (associative recall): share of the attainable gain captured over uniform",
+          "random-access binding is an inference primitive", "inference_primitives",
+          "holds if both architectures capture ≥ 90%; partly if one does, or both ≥ 50%",
+          _primitive("binding"), "{}"),
 ]
 
 

@@ -16,7 +16,8 @@ from .head import HeadParams, attend, head_forward, init_head, merge_heads, spli
 from .laws import attention_backward, head_backward, loss_and_gradients
 from .readout import cross_entropy_readout
 
-__all__ = ["GradConfig", "random_config", "compare_with_autograd", "LOSSES", "first_order_remainders"]
+__all__ = ["GradConfig", "random_config", "compare_with_autograd", "LOSSES", "first_order_remainders",
+           "random_ssm_inputs", "compare_ssm_with_autograd", "mambapy_agreement"]
 
 LOSSES = ("cross_entropy", "smooth")
 
@@ -170,3 +171,72 @@ def first_order_remainders(params: HeadParams, x: torch.Tensor, y: torch.Tensor,
         out[name] = {"actual": a, "predicted": pred, "remainder": a - pred}
     return out
 
+
+
+# --- the selective SSM of R9 (chapter *One routing law for attention and selective SSMs*) ---
+
+def random_ssm_inputs(Bt: int, T: int, Dc: int, N: int, seed: int):
+    """Inputs of a selective scan in float64 (x, Delta in [0.02, 0.82], A in [-3.05,
+    -0.05], B, C, D) and an upstream gradient u, from a generator seeded ``seed``."""
+    for name, v, hi in (("Bt", Bt, 64), ("T", T, 512), ("Dc", Dc, 256), ("N", N, 64)):
+        check_int(name, v, 1, hi)
+    g = torch.Generator().manual_seed(check_int("seed", seed, 0, None))
+    f64 = dict(generator=g, dtype=torch.float64)
+    x = torch.randn(Bt, T, Dc, **f64)
+    delta = torch.rand(Bt, T, Dc, **f64) * 0.8 + 0.02
+    A = -(torch.rand(Dc, N, **f64) * 3 + 0.05)
+    B, C = torch.randn(Bt, T, N, **f64), torch.randn(Bt, T, N, **f64)
+    D, u = torch.randn(Dc, **f64), torch.randn(Bt, T, Dc, **f64)
+    return x, delta, A, B, C, D, u
+
+
+def compare_ssm_with_autograd(Bt: int, T: int, Dc: int, N: int, seed: int) -> dict[str, float]:
+    """Normwise relative error of every closed form of :func:`attention_dynamics.ssm.ssm_backward`
+    against autograd through the recurrence, and of b against autograd through the
+    materialized weights (dL/dw), on one random configuration (float64)."""
+    from .ssm import ssm_backward, ssm_scan, ssm_weights
+
+    x, delta, A, B, C, D, u = random_ssm_inputs(Bt, T, Dc, N, seed)
+    leaves = [t.clone().requires_grad_() for t in (x, delta, A, B, C, D)]
+    auto = torch.autograd.grad(ssm_scan(*leaves), leaves, u)
+    closed = ssm_backward(u, x, delta, A, B, C, D)
+    w = ssm_weights(delta, A, B, C).requires_grad_()
+    (dw,) = torch.autograd.grad(torch.einsum("bctj,bjc->btc", w, x), w, u)
+    pairs = dict(zip(("x", "Δ", "A", "B", "C", "D"), zip((closed.x, closed.delta, closed.A, closed.B,
+                                                        closed.C, closed.D), auto)))
+    pairs["b = ∂L/∂w"] = (closed.b, dw * torch.ones(T, T, dtype=torch.float64).tril())
+    return {name: _err(mine, ref)[1] for name, (mine, ref) in pairs.items()}
+
+
+def mambapy_agreement(sizes, *, seed: int = 0) -> list[dict]:
+    """Our :class:`attention_dynamics.ssm.SelectiveSSM` loaded with the state dict of the
+    reference implementation's block (``mambapy.mamba.MambaBlock``) for each (d_model,
+    d_state, expand, T) of ``sizes``: the normwise relative difference of the outputs on the
+    same random inputs, in float32 (sequential scans), and in float64 against the
+    reference's sequential and parallel scans, our A and D rounded to float32 as the
+    reference rounds them internally."""
+    from mambapy.mamba import MambaBlock, MambaConfig
+
+    from .ssm import SSMConfig, SelectiveSSM
+
+    rows = []
+    for i, (d_model, d_state, expand, T) in enumerate(sizes):
+        torch.manual_seed(seed + i)
+        ref = {scan: MambaBlock(MambaConfig(d_model=d_model, n_layers=1, d_state=d_state, expand_factor=expand,
+                                            d_conv=4, pscan=scan == "parallel")) for scan in ("sequential", "parallel")}
+        ref["parallel"].load_state_dict(ref["sequential"].state_dict())
+        ours = SelectiveSSM(SSMConfig(n_out=1, d_model=d_model, d_state=d_state, expand=expand, d_conv=4, d_in=1))
+        ours.load_state_dict(ref["sequential"].state_dict())
+        h = torch.randn(3, T, d_model)
+        with torch.no_grad():
+            row = {"d_model": d_model, "d_state": d_state, "expand": expand, "T": T,
+                   "float32": _err(ours(h)[0], ref["sequential"](h))[1]}
+            for r in ref.values():
+                r.double()
+            ours.double()
+            ours.A_log.copy_(torch.log(torch.exp(ours.A_log.float()).double()))
+            ours.D.copy_(ours.D.float().double())
+            row["float64"] = _err(ours(h.double())[0], ref["sequential"](h.double()))[1]
+            row["float64, parallel scan"] = _err(ours(h.double())[0], ref["parallel"](h.double()))[1]
+        rows.append(row)
+    return rows
