@@ -230,10 +230,11 @@ def test_unreachable_scheduler_fails_fast_with_its_address(tmp_path, monkeypatch
 
 # --- 8. what the user sees ---------------------------------------------------------------
 
-def test_quiet_kernel_one_line_per_chapter_and_ordinary_file_modes(tmp_path, monkeypatch, capsys):
+def test_quiet_kernel_one_line_per_chapter_and_ordinary_file_modes(tmp_path, monkeypatch, capfd):
+    """capfd: the kernel is a child process writing to the terminal's file descriptors."""
     root = make_root(tmp_path)
     out = tmp_path / "out"
-    code, stdout, err = run_main(monkeypatch, capsys, root, "--profile", "quick", "--only", "tiny", "--out", str(out))
+    code, stdout, err = run_main(monkeypatch, capfd, root, "--profile", "quick", "--only", "tiny", "--out", str(out))
     assert code == 0
     assert "without encryption" not in err and err.strip() == ""
     progress = [l for l in stdout.splitlines() if l.startswith("[")]

@@ -202,9 +202,10 @@ def cached_result(job: Job, key: str) -> tuple[JobResult | None, str]:
     return JobResult(job.stem, "cached", 0.0, record), ""
 
 
-# The kernel warns on every start that it talks over local TCP; it is local, and the warning
-# would print once per chapter. Errors still reach the terminal.
-KERNEL_ARGUMENTS = ["--IPKernelApp.log_level=ERROR"]
+# The kernel warns on every start that it talks over local TCP (it is local), and logs an
+# ERROR for the interrupt jupyter_client sends before every shutdown: both would print once
+# per chapter. A failing cell still reaches the reader, through papermill's exception.
+KERNEL_ARGUMENTS = ["--IPKernelApp.log_level=CRITICAL"]
 
 
 def usable_cpus() -> int:
