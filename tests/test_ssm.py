@@ -153,3 +153,49 @@ def test_transport_bayes_is_the_forward_filter_and_carries_a_belief():
         assert abs(float(stay_rate) - float(task.matrix()[0, 0])) < 0.01
     with pytest.raises(ValueError, match="the primitive must be one of"):
         make_task("memory")
+
+
+def test_r9_functions_name_what_is_wrong():
+    from attention_dynamics.primitives import PrimitivesConfig, build_model
+    from attention_dynamics.routing_probe import routing_probe
+    from attention_dynamics.ssm import ssm_scan
+    from attention_dynamics.tasks.primitives import make_task
+
+    x, d = torch.randn(2, 5, 3, dtype=torch.float64), torch.rand(2, 5, 3, dtype=torch.float64)
+    A, B, C = -torch.rand(3, 4, dtype=torch.float64), torch.randn(2, 5, 4, dtype=torch.float64), torch.randn(2, 5, 4, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"D must have shape \(3,\)"):
+        ssm_scan(x, d, A, B, C, D=torch.ones(5, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"accumulation has no setting\(s\) \['bogus'\]"):
+        make_task("accumulation", bogus=1)
+    task = make_task("accumulation")
+    model = build_model("ssm", task, PrimitivesConfig(), 0)
+    batch = task.sample(2, np.random.default_rng(0))
+    with pytest.raises(TypeError, match="lrs must be a list of at least 1 numbers"):
+        routing_probe(model, batch, [])
+    with pytest.raises(TypeError, match="model must be a CausalTransformer or an SSMModel, got Linear"):
+        routing_probe(torch.nn.Linear(2, 2), batch, [1e-3])
+
+
+@pytest.mark.parametrize("Bt, T, Dc, N", [(1, 1, 1, 1), (2, 5, 3, 4), (3, 17, 6, 8), (4, 32, 64, 8), (2, 9, 5, 16)])
+def test_the_compiled_scan_is_the_recurrence(Bt, T, Dc, N):
+    """float32 kernel (forward and backward) against the float64 recurrence."""
+    from attention_dynamics.native import NativeUnavailable, selective_scan_kernel
+
+    try:
+        selective_scan_kernel(N)
+    except NativeUnavailable:
+        pytest.skip("no C compiler here: the PyTorch recurrence runs instead")
+    g = torch.Generator().manual_seed(Bt * 1000 + T)
+    F64 = torch.float64
+    x, B, C = (torch.randn(*s, generator=g, dtype=F64) for s in ((Bt, T, Dc), (Bt, T, N), (Bt, T, N)))
+    delta = torch.rand(Bt, T, Dc, generator=g, dtype=F64) + 0.05
+    A = -torch.rand(Dc, N, generator=g, dtype=F64) - 0.1
+    gy = torch.randn(Bt, T, Dc, generator=g, dtype=F64)
+    ref_in = [t.clone().requires_grad_() for t in (x, delta, A, B, C)]
+    ref = ssm_scan(*ref_in, compiled=False)
+    ref_grads = torch.autograd.grad(ref, ref_in, gy)
+    ins = [t.float().requires_grad_() for t in (x, delta, A, B, C)]
+    y = ssm_scan(*ins, compiled=True)
+    grads = torch.autograd.grad(y, ins, gy.float())
+    for got, want in zip((y, *grads), (ref, *ref_grads)):
+        assert (got.double() - want).abs().max() <= 1e-5 * want.abs().max()

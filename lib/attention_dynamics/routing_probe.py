@@ -12,8 +12,9 @@ from torch import Tensor, nn
 
 from .laws import advantage, compatibility
 from .tasks.primitives import Batch
-from .transformer import log_probs_at, parameter_groups
-from .validation import check_choice, check_float
+from .ssm import SSMModel
+from .transformer import CausalTransformer, log_probs_at, parameter_groups
+from .validation import check_choice, check_float_list
 
 __all__ = ["routing_probe"]
 
@@ -75,7 +76,11 @@ def routing_probe(model: nn.Module, batch: Batch, lrs, *, move: str = "routing",
     with j <= t whose change and prediction exceed ``rel_tol`` times their largest enter;
     for the SSM only rows whose weights sum to at least a tenth of their absolute sum (where
     E_w[b] is a mean) enter the advantage comparison. One row per layer and step size."""
-    lrs = [check_float("lr", lr, 0.0, None, low_open=True) for lr in lrs]
+    if not isinstance(model, (CausalTransformer, SSMModel)):
+        raise TypeError(f"model must be a CausalTransformer or an SSMModel, got {type(model).__name__}")
+    if not isinstance(batch, Batch):
+        raise TypeError(f"batch must be a tasks.primitives.Batch, got {type(batch).__name__}")
+    lrs = check_float_list("lrs", lrs, 0.0, None, low_open=True)
     check_choice("move", move, ("routing", "all"))
     # float64: a step of 1e-4 moves the weights by less than float32 resolves
     twin = copy.deepcopy(model).double()

@@ -18,7 +18,8 @@ gradient u_t = dL/dg_t, the compatibility b_tj = u_t v_j is dL/dw_tj exactly as 
 normalizes w. In attention, dL/ds_ij = alpha_ij (b_ij - E_alpha[b]) (R1): the advantage
 comes from the softmax.
 
-- :func:`ssm_scan`: the recurrence (the reference, and the model's training path);
+- :func:`ssm_scan`: the recurrence (in PyTorch operations, the reference; a compiled kernel
+  for float32 training);
 - :func:`ssm_weights`: the materialized weights w (B, C, T, T);
 - :func:`ssm_backward`: the closed-form gradients of the scan's inputs from u;
 - :class:`SelectiveSSM`: the Mamba block (input and gate projections, a short causal
@@ -36,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .native import NativeUnavailable, selective_scan_kernel
 from .validation import check_bool, check_choice, check_int, check_model_input, check_tensor
 
 __all__ = ["ssm_scan", "ssm_weights", "ssm_backward", "SSMGrads", "SSMConfig", "SelectiveSSM", "SSMTrace",
@@ -59,17 +61,62 @@ def _check_inputs(x: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor) -> 
         raise TypeError("x, delta, A, B and C must share one dtype")
 
 
-def ssm_scan(x: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None = None) -> Tensor:
+class _CompiledScan(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, delta, A, B, C):
+        nb, T, nc = x.shape
+        lib = selective_scan_kernel(A.shape[1])
+        x, delta, A, B, C = (t.contiguous() for t in (x, delta, A, B, C))
+        y, h = torch.empty_like(x), torch.empty(nc, A.shape[1])  # named: they must outlive the call
+        lib.scan_forward(nb, T, nc, x.data_ptr(), delta.data_ptr(), A.data_ptr(), B.data_ptr(),
+                         C.data_ptr(), y.data_ptr(), h.data_ptr())
+        ctx.save_for_backward(x, delta, A, B, C)
+        return y
+
+    @staticmethod
+    def backward(ctx, gy):
+        x, delta, A, B, C = ctx.saved_tensors
+        nb, T, nc = x.shape
+        N = A.shape[1]
+        lib = selective_scan_kernel(N)
+        gy = gy.contiguous()
+        dx, ddelta, dB, dC = (torch.empty_like(t) for t in (x, delta, B, C))
+        dA, work, carry = torch.zeros_like(A), torch.empty(T + 1, nc, N), torch.empty(nc, N)
+        lib.scan_backward(nb, T, nc, x.data_ptr(), delta.data_ptr(), A.data_ptr(), B.data_ptr(),
+                          C.data_ptr(), gy.data_ptr(), dx.data_ptr(), ddelta.data_ptr(), dA.data_ptr(),
+                          dB.data_ptr(), dC.data_ptr(), work.data_ptr(), carry.data_ptr())
+        return dx, ddelta, dA, dB, dC
+
+
+def ssm_scan(x: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None = None, *,
+             compiled: bool | None = None) -> Tensor:
     """The selective scan, step by step: x, delta (batch, T, channels), A (channels, N),
-    B, C (batch, T, N), D (channels,) or None. Returns y (batch, T, channels)."""
+    B, C (batch, T, N), D (channels,) or None. Returns y (batch, T, channels).
+    ``compiled=None``: float32 CPU inputs go through the compiled kernel
+    (:mod:`attention_dynamics.native`; several times faster, tested against this
+    recurrence), when it can be built; False: always the recurrence in PyTorch operations."""
     _check_inputs(x, delta, A, B, C)
-    decay = torch.exp(delta[..., None] * A)  # (batch, T, channels, N)
-    drive = (delta * x)[..., None] * B[:, :, None, :]
-    h = torch.zeros_like(decay[:, 0])
+    if D is not None:
+        check_tensor("D", D, ndim=1)
+        if D.shape != x.shape[2:] or D.dtype != x.dtype:
+            raise ValueError(f"D must have shape ({x.shape[2]},) and dtype {x.dtype}, "
+                             f"got {tuple(D.shape)} and {D.dtype}")
+    if compiled is not False and x.dtype == torch.float32 and x.device.type == "cpu":
+        try:
+            y = _CompiledScan.apply(x, delta, A, B, C)
+            return y if D is None else y + D * x
+        except NativeUnavailable:
+            if compiled:
+                raise
+    # time leading and contiguous: each step's slices are dense blocks (strided slices make
+    # every small product of the loop several times slower, forward and backward)
+    decay = torch.exp(delta[..., None] * A).movedim(1, 0).contiguous()  # (T, batch, channels, N)
+    drive = ((delta * x)[..., None] * B[:, :, None, :]).movedim(1, 0).contiguous()
+    h = torch.zeros_like(decay[0])
     hs = []
-    # unbind once: indexing [:, t] in the loop would make autograd write a full-size zero
+    # unbind once: indexing [t] in the loop would make autograd write a full-size zero
     # tensor per step on the way back
-    for a_t, d_t in zip(decay.unbind(1), drive.unbind(1)):
+    for a_t, d_t in zip(decay.unbind(0), drive.unbind(0)):
         h = a_t * h + d_t
         hs.append(h)
     y = (torch.stack(hs, 1) * C[:, :, None, :]).sum(-1)
@@ -97,9 +144,13 @@ def ssm_weights(delta: Tensor, A: Tensor, B: Tensor, C: Tensor) -> Tensor:
     gap = (S[..., :, None] - S[..., None, :]).masked_fill(~mask, 0.0)  # S_t - S_j
     drive = delta.transpose(1, 2)[..., None, :]  # Delta_j, (batch, channels, 1, T)
     w = torch.zeros_like(gap)
+    in_place = not (torch.is_grad_enabled() and any(t.requires_grad for t in (delta, A, B, C)))
     for n in range(A.shape[1]):
         cb = (C[:, :, n, None] * B[:, None, :, n])[:, None]  # C_t[n] B_j[n], (batch, 1, T, T)
-        w = w + cb * torch.exp(A[:, n, None, None] * gap) * drive
+        if in_place:  # no graph to keep: reuse the buffers (these tensors are large)
+            w.addcmul_(cb, torch.exp(A[:, n, None, None] * gap).mul_(drive))
+        else:
+            w = w + cb * torch.exp(A[:, n, None, None] * gap) * drive
     return w * mask
 
 

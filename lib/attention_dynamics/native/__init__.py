@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ..artifacts import cpu_info, cpu_model
 
-__all__ = ["causal_head_kernel", "causal_attention_kernel", "NativeUnavailable"]
+__all__ = ["causal_head_kernel", "causal_attention_kernel", "selective_scan_kernel", "NativeUnavailable"]
 
 HERE = Path(__file__).resolve().parent
 FLAGS = ["-O3", "-march=native", "-ffast-math", "-std=gnu11", "-shared", "-fPIC"]
@@ -114,3 +114,11 @@ def causal_attention_kernel(head_dim: int) -> ctypes.CDLL:
     return _kernel("causal_attention.c", {"DH": head_dim},
                    {"attention_forward": [_I, _I, _I] + [_P] * 5 + [_F, _P],
                     "attention_backward": [_I, _I, _I] + [_P] * 10 + [_F, _P]})
+
+
+def selective_scan_kernel(d_state: int) -> ctypes.CDLL:
+    """The compiled selective scan (forward and backward) for ``d_state`` states per channel."""
+    if not 1 <= d_state <= 256:
+        raise NativeUnavailable(f"the scan kernel takes 1 to 256 states, got {d_state}")
+    return _kernel("selective_scan.c", {"NS": d_state},
+                   {"scan_forward": [_I, _I, _I] + [_P] * 7, "scan_backward": [_I, _I, _I] + [_P] * 13})

@@ -18,7 +18,7 @@ sequences it is tested on.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 import torch
@@ -197,5 +197,9 @@ def make_task(name: str, **settings):
     """One of the three tasks by name, with its settings (validated by name)."""
     if name not in PRIMITIVES:
         raise ValueError(f"the primitive must be one of {list(PRIMITIVES)}, got {name!r}")
+    known = [f.name for f in fields(PRIMITIVES[name])]
+    unknown = sorted(set(settings) - set(known))
+    if unknown:
+        raise ValueError(f"{name} has no setting(s) {unknown}; its settings are {known}")
     return PRIMITIVES[name](**settings)
 
