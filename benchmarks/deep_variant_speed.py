@@ -1,0 +1,106 @@
+"""Speed of the deep sticky-chain variant (R7; 5 seeds x 2000 AdamW steps of a 4-layer
+transformer on 1999 positions), the largest share of the paper build: the levers measured
+side by side in this one process, in milliseconds per seed-step.
+
+- the compiled causal attention (attention_dynamics.native) against PyTorch's fused
+  scaled_dot_product_attention, with one and with two threads;
+- the five seeds as one batched model (torch.func.stack_module_state + vmap, gradients
+  only, no optimizer step: a lower bound of its cost).
+
+A benchmark, not a test: timings depend on the machine; the ratios are what count.
+
+    .venv/bin/python benchmarks/deep_variant_speed.py            # 3 steps per contender
+    .venv/bin/python benchmarks/deep_variant_speed.py --steps 5
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import time
+from unittest import mock
+
+import torch
+from torch.func import functional_call, grad, stack_module_state, vmap
+
+import attention_dynamics.transformer as tr
+from attention_dynamics.artifacts import cpu_model
+from attention_dynamics.transformer import CausalTransformer, TransformerConfig
+
+CFG = TransformerConfig(n_out=8, d_model=64, n_layers=4, n_heads=4, d_ff=256, dropout=0.1, input="linear", d_in=20)
+T, SEEDS = 1999, 5
+
+
+def models() -> list[CausalTransformer]:
+    out = []
+    for s in range(SEEDS):
+        torch.manual_seed(s)
+        out.append(CausalTransformer(CFG))
+    return out
+
+
+def sdpa_only():
+    """Every attention call through PyTorch's fused attention instead of the kernel."""
+    plain = tr.causal_attention
+    return mock.patch.object(tr, "causal_attention", lambda q, k, v, compiled=None: plain(q, k, v, compiled=False))
+
+
+def serial(x, y, steps: int) -> float:
+    ms = models()
+    opts = [torch.optim.AdamW(m.parameters(), lr=3e-4) for m in ms]
+
+    def step():
+        for i, (m, o) in enumerate(zip(ms, opts)):
+            o.zero_grad()
+            loss = torch.nn.functional.cross_entropy(m(x[i])[0].reshape(-1, 8), y[i].reshape(-1))
+            loss.backward()
+            o.step()
+
+    step()
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    return (time.perf_counter() - start) / steps / SEEDS
+
+
+def batched(x, y, steps: int) -> float:
+    ms = models()
+    params, buffers = stack_module_state(ms)
+    base = copy.deepcopy(ms[0]).to("meta")
+
+    def loss(p, b, xx, yy):
+        return torch.nn.functional.cross_entropy(functional_call(base, (p, b), (xx,))[0].reshape(-1, 8), yy.reshape(-1))
+
+    g = vmap(grad(loss), randomness="different")
+    g(params, buffers, x, y)
+    start = time.perf_counter()
+    for _ in range(steps):
+        g(params, buffers, x, y)
+    return (time.perf_counter() - start) / steps / SEEDS
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=3, help="timed steps per contender (after one warm-up step)")
+    args = ap.parse_args()
+    if args.steps < 1:
+        ap.error(f"--steps must be >= 1, got {args.steps}")
+    x, y = torch.randn(SEEDS, 1, T, 20), torch.randint(0, 8, (SEEDS, 1, T))
+    res = {}
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        res[f"compiled attention, {threads} thread(s)"] = serial(x, y, args.steps)
+        with sdpa_only():
+            res[f"PyTorch SDPA, {threads} thread(s)"] = serial(x, y, args.steps)
+    torch.set_num_threads(1)
+    # vmap cannot run the model's data-dependent input checks, nor the kernel's autograd
+    # Function: checks off, SDPA
+    with sdpa_only(), mock.patch.object(tr, "check_model_input", lambda *a, **k: None):
+        res["vmap over the 5 seeds (SDPA, gradients only), 1 thread"] = batched(x, y, args.steps)
+    print(f"CPU: {cpu_model()}; T = {T}, {SEEDS} seeds, {args.steps} timed steps each")
+    base = res["PyTorch SDPA, 1 thread(s)"]
+    for k, v in res.items():
+        print(f"{k:58s} {1000 * v:7.1f} ms per seed-step   {base / v:5.2f}x SDPA with 1 thread")
+
+
+if __name__ == "__main__":
+    main()
