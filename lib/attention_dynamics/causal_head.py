@@ -20,14 +20,13 @@ W_V: (R, d_x, d_v), W_O: (R, d_v, C).
 from __future__ import annotations
 
 import math
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
 import torch
 from torch import Tensor
 
 from .artifacts import stored
-from .native import NativeUnavailable, causal_head_kernel
+from .native import NativeUnavailable, causal_head_kernel, in_threads, transposed_padded
 from .tasks.sticky_chain import D_X, N_STATES, StickySequence, sample_sequences
 from .training import HEAD_ROLES, SGD, History, StepOutput, em_style, head_rates, train
 from .validation import check_float, check_int, check_int_list, check_same_dtype_device, check_tensor
@@ -159,19 +158,10 @@ def blocked_causal_step(params: dict[str, Tensor], x: Tensor, y: Tensor, *, bloc
     return loss, g_all, st
 
 
-_POOLS: dict[int, ThreadPoolExecutor] = {}
-
-
-def _pool(n: int) -> ThreadPoolExecutor:
-    if n not in _POOLS:
-        _POOLS[n] = ThreadPoolExecutor(max_workers=n, thread_name_prefix="causal-head")
-    return _POOLS[n]
-
-
 def _native_step(params, x, y, *, grads, stats, value_info):
     """:func:`blocked_causal_step` through the compiled kernel: the projections and the
-    parameter gradients in PyTorch, the O(T^2) part in C, one run per thread at a time (the
-    kernel runs without the GIL). The kernel reads keys and features as whole vectors: the
+    parameter gradients in PyTorch, the O(T^2) part in C, the runs split among torch's
+    threads (the kernel runs without the GIL). The kernel reads keys and features as whole vectors: the
     key features are padded with zeros to a power of two, the positions to a multiple of 16."""
     W_Q, W_K, W_V, W_O = (params[n] for n in ("W_Q", "W_K", "W_V", "W_O"))
     R, T, _ = x.shape
@@ -184,21 +174,21 @@ def _native_step(params, x, y, *, grads, stats, value_info):
     K[..., :d_k] = x @ W_K
     V = x @ W_V
     Zv = (V @ W_O).contiguous()  # (R, T, C)
-    Kt, Zvt = torch.zeros(R, d_k, TP), torch.zeros(R, C, TP)
-    Kt[..., :T], Zvt[..., :T] = K[..., :d_k].transpose(1, 2), Zv.transpose(1, 2)
+    Kt, Zvt = transposed_padded(K[..., :d_k], TP), transposed_padded(Zv, TP)
     yl = y.to(torch.int64).contiguous()
     dQ, dK, M = torch.zeros(R, T, KP), torch.zeros(R, T, KP), torch.zeros(R, T, C)
     N = torch.zeros(R, T) if value_info else None
     sums = torch.zeros(R, 4, dtype=torch.float64)
     work = torch.empty(R, 2 * 8 * TP)  # two blocks of 8 query rows
 
-    def run(r):
-        lib.causal_head_run(T, TP, Q[r].data_ptr(), K[r].data_ptr(), Kt[r].data_ptr(), Zv[r].data_ptr(),
-                            Zvt[r].data_ptr(), yl[r].data_ptr(), dQ[r].data_ptr(), dK[r].data_ptr(), M[r].data_ptr(),
-                            None if N is None else N[r].data_ptr(), sums[r].data_ptr(), work[r].data_ptr(),
-                            int(grads))
+    def run(a, b):
+        for r in range(a, b):
+            lib.causal_head_run(T, TP, Q[r].data_ptr(), K[r].data_ptr(), Kt[r].data_ptr(), Zv[r].data_ptr(),
+                                Zvt[r].data_ptr(), yl[r].data_ptr(), dQ[r].data_ptr(), dK[r].data_ptr(),
+                                M[r].data_ptr(), None if N is None else N[r].data_ptr(), sums[r].data_ptr(),
+                                work[r].data_ptr(), int(grads))
 
-    list(_pool(max(1, min(torch.get_num_threads(), R))).map(run, range(R)))
+    in_threads(run, R)
     per_position = (sums / T).to(x.dtype)
     loss = per_position[:, 0].contiguous()
     st = BlockedStats(loss, per_position[:, 1], per_position[:, 2], per_position[:, 3]) if stats else None

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
@@ -27,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .head import Attention, attend
-from .native import NativeUnavailable, causal_attention_kernel
+from .native import NativeUnavailable, causal_attention_kernel, in_threads, transposed_padded
 from .training import ROLES, History, StepOutput, TorchOptimizer, train
 from .validation import check_bool, check_choice, check_float, check_int, check_model_input
 
@@ -76,28 +75,6 @@ class HeadTrace:
     attention: Attention  # scores, weights (B, H, T, T), output
 
 
-_POOLS: dict[int, ThreadPoolExecutor] = {}
-
-
-def _in_threads(fn, n_slices: int) -> None:
-    """fn(start, stop) over the slices, split evenly among torch's threads (the kernel
-    releases the GIL)."""
-    threads = max(1, min(torch.get_num_threads(), n_slices))
-    if threads == 1:
-        fn(0, n_slices)
-        return
-    pool = _POOLS.setdefault(threads, ThreadPoolExecutor(threads, thread_name_prefix="attention"))
-    bounds = [n_slices * t // threads for t in range(threads + 1)]
-    list(pool.map(lambda t: fn(bounds[t], bounds[t + 1]), range(threads)))
-
-
-def _transposed_padded(x: Tensor, TP: int) -> Tensor:
-    """(S, T, D) -> (S, D, TP), zero beyond T: the layout in which the kernel walks keys."""
-    out = x.new_zeros(x.shape[0], x.shape[2], TP)
-    out[:, :, : x.shape[1]] = x.transpose(1, 2)
-    return out
-
-
 _QB, _JB = 8, 16  # the kernel's query block and key chunk (causal_attention.c)
 
 
@@ -108,7 +85,7 @@ class _CompiledCausalAttention(torch.autograd.Function):
         lib = causal_attention_kernel(D)
         S, TP, scale = B * H, -(-T // _JB) * _JB, 1.0 / math.sqrt(D)
         qs, ks, vs = (x.reshape(S, T, D).contiguous() for x in (q, k, v))
-        kt = _transposed_padded(ks, TP)
+        kt = transposed_padded(ks, TP)
         o, lse = torch.empty_like(qs), torch.empty(S, T)
         work = torch.empty(S, 2 * _QB * TP)
 
@@ -116,7 +93,7 @@ class _CompiledCausalAttention(torch.autograd.Function):
             lib.attention_forward(b - a, T, TP, qs[a].data_ptr(), kt[a].data_ptr(), vs[a].data_ptr(),
                                   o[a].data_ptr(), lse[a].data_ptr(), scale, work[a].data_ptr())
 
-        _in_threads(run, S)
+        in_threads(run, S)
         ctx.save_for_backward(qs, ks, vs, kt, o, lse)
         ctx.shape = (B, H, T, D)
         return o.view(B, H, T, D)
@@ -127,7 +104,7 @@ class _CompiledCausalAttention(torch.autograd.Function):
         B, H, T, D = ctx.shape
         lib = causal_attention_kernel(D)
         S, TP = B * H, kt.shape[-1]
-        vt = _transposed_padded(vs, TP)
+        vt = transposed_padded(vs, TP)
         g = grad_out.reshape(S, T, D).contiguous()
         dq, dk, dv = torch.empty_like(qs), torch.zeros_like(ks), torch.zeros_like(vs)
         work = torch.empty(S, 2 * _QB * TP)
@@ -138,7 +115,7 @@ class _CompiledCausalAttention(torch.autograd.Function):
                                    dq[a].data_ptr(), dk[a].data_ptr(), dv[a].data_ptr(), 1.0 / math.sqrt(D),
                                    work[a].data_ptr())
 
-        _in_threads(run, S)
+        in_threads(run, S)
         return dq.view(B, H, T, D), dk.view(B, H, T, D), dv.view(B, H, T, D)
 
 

@@ -23,7 +23,6 @@ import torch
 from torch import Tensor
 
 from .artifacts import stored
-
 from .tasks.bijection import EvalSet, WindTunnel, eval_set, sample_batch, supervised_positions
 from .training import History
 from .transformer import CausalTransformer, TransformerConfig, fit, log_probs_at, make_optimizer
@@ -151,8 +150,7 @@ class Trajectory:
         there (the optimizer at that step's learning rate), as a ``fit`` callback sees them."""
         checkpoints = []
         for step, state in zip(self.steps, self.states):
-            model = self.config.model()
-            model.load_state_dict(state["model"])
+            model = self.model_at(step)
             optimizer = make_optimizer(model, lr=self.config.lr)
             optimizer.load_state_dict(state["optimizer"])
             checkpoints.append((step, measure(step, model, optimizer)))

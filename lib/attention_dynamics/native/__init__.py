@@ -19,11 +19,15 @@ import shutil
 import subprocess
 import tempfile
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+import torch
 
 from ..artifacts import cpu_info, cpu_model
 
-__all__ = ["causal_head_kernel", "causal_attention_kernel", "selective_scan_kernel", "NativeUnavailable"]
+__all__ = ["causal_head_kernel", "causal_attention_kernel", "selective_scan_kernel", "NativeUnavailable",
+           "in_threads", "transposed_padded"]
 
 HERE = Path(__file__).resolve().parent
 FLAGS = ["-O3", "-march=native", "-ffast-math", "-std=gnu11", "-shared", "-fPIC"]
@@ -122,3 +126,28 @@ def selective_scan_kernel(d_state: int) -> ctypes.CDLL:
         raise NativeUnavailable(f"the scan kernel takes 1 to 256 states, got {d_state}")
     return _kernel("selective_scan.c", {"NS": d_state},
                    {"scan_forward": [_I, _I, _I] + [_P] * 7, "scan_backward": [_I, _I, _I] + [_P] * 13})
+
+
+_POOLS: dict[int, ThreadPoolExecutor] = {}
+
+
+def in_threads(fn, n_slices: int) -> None:
+    """fn(start, stop) over ``n_slices`` independent slices, split evenly among torch's
+    threads (the kernels run without the GIL)."""
+    threads = max(1, min(torch.get_num_threads(), n_slices))
+    if threads == 1:
+        fn(0, n_slices)
+        return
+    with _lock:
+        if threads not in _POOLS:
+            _POOLS[threads] = ThreadPoolExecutor(threads, thread_name_prefix="native")
+        pool = _POOLS[threads]
+    bounds = [n_slices * t // threads for t in range(threads + 1)]
+    list(pool.map(lambda t: fn(bounds[t], bounds[t + 1]), range(threads)))
+
+
+def transposed_padded(x: torch.Tensor, TP: int) -> torch.Tensor:
+    """(S, T, D) -> (S, D, TP), zero beyond T: the layout in which the kernels walk keys."""
+    out = x.new_zeros(x.shape[0], x.shape[2], TP)
+    out[:, :, : x.shape[1]] = x.transpose(1, 2)
+    return out

@@ -18,13 +18,13 @@ sequences it is tested on.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from ..validation import check_float, check_int
+from ..validation import check_float, check_int, settings_from_dict
 from . import sticky_chain as sc
 
 __all__ = ["Batch", "Accumulation", "Transport", "Binding", "PRIMITIVES", "make_task"]
@@ -197,9 +197,5 @@ def make_task(name: str, **settings):
     """One of the three tasks by name, with its settings (validated by name)."""
     if name not in PRIMITIVES:
         raise ValueError(f"the primitive must be one of {list(PRIMITIVES)}, got {name!r}")
-    known = [f.name for f in fields(PRIMITIVES[name])]
-    unknown = sorted(set(settings) - set(known))
-    if unknown:
-        raise ValueError(f"{name} has no setting(s) {unknown}; its settings are {known}")
-    return PRIMITIVES[name](**settings)
+    return settings_from_dict(PRIMITIVES[name], settings, name)
 
