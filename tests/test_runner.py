@@ -198,13 +198,11 @@ def test_an_edited_module_re_executes_only_the_chapters_that_import_it(tmp_path,
     imports, transitively: editing em.py re-executes the chapter that imports it (through
     another module's import too), not the one that does not; editing the runner, the
     scorecard page or the provenance footer re-executes neither."""
-    import shutil
-
-    from attention_dynamics import sources as dependencies
+    from attention_dynamics import sources
 
     package = tmp_path / "pkg" / "attention_dynamics"
-    shutil.copytree(dependencies.PACKAGE_DIR, package, ignore=shutil.ignore_patterns("__pycache__"))
-    monkeypatch.setattr(dependencies, "PACKAGE_DIR", package)
+    shutil.copytree(sources.PACKAGE_DIR, package, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(sources, "PACKAGE_DIR", package)
     cells = lambda imp: [  # noqa: E731
         ("code", 'x = 1\nrecord_path = ""\nprofile = "paper"', ["parameters"]),
         ("code", f"{imp}\nfrom attention_dynamics.book.records import Record\nrec = Record(record_path)", []),
@@ -220,7 +218,7 @@ def test_an_edited_module_re_executes_only_the_chapters_that_import_it(tmp_path,
         nbformat.write(nb, root / "notebooks" / f"{name}.ipynb")
     (root / "notebooks" / "profiles.yml").write_text(
         "".join(f"{n}:\n  quick: {{x: 3}}\n  paper: {{x: 5}}\n" for n in ("uses_em", "uses_stats", "uses_em_indirectly")))
-    assert package / "em.py" not in dependencies.chapter_modules(root / "notebooks" / "uses_stats.ipynb")
+    assert package / "em.py" not in sources.chapter_modules(root / "notebooks" / "uses_stats.ipynb")
     out = tmp_path / "out"
 
     def statuses():

@@ -147,7 +147,7 @@ def test_transport_bayes_is_the_forward_filter_and_carries_a_belief():
         task = Transport(T=32, stay=stay, noise=noise)
         b = task.sample(400, np.random.default_rng(4))
         filt = float(-task.bayes_log_probs(b).gather(-1, b.targets[..., None]).mean()) / math.log(2)
-        x_only = float(-task.x_only_log_probs(b).gather(-1, b.targets[..., None]).mean()) / math.log(2)
+        x_only = float(-task.baseline_log_probs(b).gather(-1, b.targets[..., None]).mean()) / math.log(2)
         assert filt < x_only - gain and (gain or x_only - filt < 0.01)
         stay_rate = (b.targets[:, 1:] == b.targets[:, :-1]).double().mean()
         assert abs(float(stay_rate) - float(task.matrix()[0, 0])) < 0.01

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from .artifacts import stored
 from .ssm import SSMConfig, SSMModel
@@ -128,16 +128,22 @@ def eval_batch(task, n: int) -> Batch:
     return task.sample(check_int("n", n, 1, None), np.random.default_rng(EVAL_SEED))
 
 
+def _bits(logp: Tensor, batch: Batch) -> Tensor:
+    """Cross-entropy of each sequence, bits per supervised position."""
+    return -logp.double().gather(-1, batch.targets[..., None])[..., 0].mean(-1) / math.log(2)
+
+
 def floor_gap(model: nn.Module, task, batch: Batch) -> dict:
-    """The model's cross-entropy and the Bayes predictor's on the same sequences, in bits
-    per supervised position: their means, the mean gap and its standard error over the
-    sequences, and the model's accuracy."""
+    """The model's cross-entropy, the Bayes predictor's and the task's baseline's on the
+    same sequences, in bits per supervised position: their means, the mean gap to Bayes and
+    its standard error over the sequences, the share of the attainable gain the model
+    captures, (baseline - model) / (baseline - Bayes), and the model's accuracy."""
     with evaluating(model):
         logp, _ = log_probs_at(model, batch.inputs, batch.positions)
-    model_ce = -logp.double().gather(-1, batch.targets[..., None])[..., 0].mean(-1) / math.log(2)
-    bayes = task.bayes_log_probs(batch)
-    bayes_ce = -bayes.gather(-1, batch.targets[..., None])[..., 0].mean(-1) / math.log(2)
+    model_ce, bayes_ce = _bits(logp, batch), _bits(task.bayes_log_probs(batch), batch)
+    base = float(_bits(task.baseline_log_probs(batch), batch).mean())
     gap = model_ce - bayes_ce
-    return {"model_bits": float(model_ce.mean()), "bayes_bits": float(bayes_ce.mean()),
+    return {"model_bits": float(model_ce.mean()), "bayes_bits": float(bayes_ce.mean()), "baseline_bits": base,
+            "share": (base - float(model_ce.mean())) / (base - float(bayes_ce.mean())),
             "gap_bits": float(gap.mean()), "gap_se": float(gap.std() / math.sqrt(len(gap))),
             "accuracy": float((logp.argmax(-1) == batch.targets).double().mean())}

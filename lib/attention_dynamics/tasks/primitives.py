@@ -18,6 +18,7 @@ sequences it is tested on.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,6 +45,10 @@ def _check_settings(task, ints: dict, floats: dict | None = None) -> None:
         check_int(name, getattr(task, name), low, high)
     for name, (low, high) in (floats or {}).items():
         check_float(name, getattr(task, name), low, high, low_open=True)
+
+
+def _uniform(batch: "Batch", n_out: int) -> Tensor:
+    return torch.full((*batch.targets.shape, n_out), -math.log(n_out), dtype=torch.float64)
 
 
 def _check_rng(rng) -> np.random.Generator:
@@ -82,6 +87,10 @@ class Accumulation:
         rolls = (u[..., None] > np.cumsum(theta, -1)[:, None, :-1]).sum(-1)  # inverse CDF
         rolls = torch.as_tensor(rolls, dtype=torch.long)
         return Batch(rolls[:, :-1], rolls[:, 1:], None)
+
+    def baseline_log_probs(self, batch: Batch) -> Tensor:
+        """The reference point of the share of the attainable gain: uniform over the faces."""
+        return _uniform(batch, self.n_out)
 
     def bayes_log_probs(self, batch: Batch) -> Tensor:
         """log P(next roll = k | the rolls so far) = log (n_k + alpha) / (t + K alpha): (n, T, K)."""
@@ -136,8 +145,9 @@ class Transport:
         """The forward filter; N(mu, noise^2 I) read as N(mu / noise, I) of x / noise."""
         return sc.forward_filter(batch.inputs.double() / self.noise, self.matrix(), sc.symbol_means() / self.noise)
 
-    def x_only_log_probs(self, batch: Batch) -> Tensor:
-        """The best predictor from x_t alone: what the filter gains over it is the transport."""
+    def baseline_log_probs(self, batch: Batch) -> Tensor:
+        """The reference point of the share of the attainable gain: the best predictor from
+        x_t alone; what the filter gains over it is the transport."""
         return sc.predict_from_x_only(batch.inputs.double() / self.noise, self.matrix(),
                                       sc.symbol_means() / self.noise)
 
@@ -183,6 +193,10 @@ class Binding:
         targets = np.take_along_axis(values, asked, 1)
         return Batch(torch.as_tensor(tokens), torch.as_tensor(targets),
                      torch.arange(2 * self.L, self.T))
+
+    def baseline_log_probs(self, batch: Batch) -> Tensor:
+        """The reference point of the share of the attainable gain: uniform over the values."""
+        return _uniform(batch, self.n_out)
 
     def bayes_log_probs(self, batch: Batch) -> Tensor:
         """The bound value with probability 1: log-probabilities 0 there, -inf elsewhere."""
