@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from attention_dynamics.artifacts import cpu_model
+from attention_dynamics.machine import cpu_model
 from attention_dynamics.book.runner import usable_cpus
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -3,7 +3,8 @@ transformer on 1999 positions), the largest share of the paper build: the levers
 side by side in this one process, in milliseconds per seed-step.
 
 - the compiled causal attention (attention_dynamics.native) against PyTorch's fused
-  scaled_dot_product_attention, with one and with two threads;
+  scaled_dot_product_attention, with one and with two threads, and the path the library
+  chooses on this processor;
 - the five seeds as one batched model (torch.func.stack_module_state + vmap, gradients
   only, no optimizer step: a lower bound of its cost).
 
@@ -22,8 +23,9 @@ from unittest import mock
 import torch
 from torch.func import functional_call, grad, stack_module_state, vmap
 
+import attention_dynamics.native as native
 import attention_dynamics.transformer as tr
-from attention_dynamics.artifacts import cpu_model
+from attention_dynamics.machine import cpu_model
 from attention_dynamics.transformer import CausalTransformer, TransformerConfig
 
 CFG = TransformerConfig(n_out=8, d_model=64, n_layers=4, n_heads=4, d_ff=256, dropout=0.1, input="linear", d_in=20)
@@ -38,10 +40,15 @@ def models() -> list[CausalTransformer]:
     return out
 
 
-def sdpa_only():
-    """Every attention call through PyTorch's fused attention instead of the kernel."""
+def attention_through(compiled: bool):
+    """Every attention call through the kernel (True) or PyTorch's fused attention (False),
+    whatever the choice for this processor."""
     plain = tr.causal_attention
-    return mock.patch.object(tr, "causal_attention", lambda q, k, v, compiled=None: plain(q, k, v, compiled=False))
+    return mock.patch.object(tr, "causal_attention", lambda q, k, v, compiled=None, _want=compiled: plain(q, k, v, compiled=_want))
+
+
+def sdpa_only():
+    return attention_through(False)
 
 
 def serial(x, y, steps: int) -> float:
@@ -88,7 +95,8 @@ def main() -> None:
     res = {}
     for threads in (1, 2):
         torch.set_num_threads(threads)
-        res[f"compiled attention, {threads} thread(s)"] = serial(x, y, args.steps)
+        with attention_through(True):
+            res[f"compiled attention, {threads} thread(s)"] = serial(x, y, args.steps)
         with sdpa_only():
             res[f"PyTorch SDPA, {threads} thread(s)"] = serial(x, y, args.steps)
     torch.set_num_threads(1)
@@ -100,6 +108,10 @@ def main() -> None:
     base = res["PyTorch SDPA, 1 thread(s)"]
     for k, v in res.items():
         print(f"{k:58s} {1000 * v:7.1f} ms per seed-step   {base / v:5.2f}x SDPA with 1 thread")
+    chosen, why = native.choice_reason("causal_attention")
+    ratio = res["PyTorch SDPA, 1 thread(s)"] / res["compiled attention, 1 thread(s)"]
+    print(f"whole seed-steps here, SDPA / kernel with 1 thread: {ratio:.2f}x; the library's choice on this "
+          f"processor: {'the kernel' if chosen else 'PyTorch SDPA'} ({why}; benchmarks/kernel_choice.py measures it)")
 
 
 if __name__ == "__main__":

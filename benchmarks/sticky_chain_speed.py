@@ -30,7 +30,7 @@ import torch
 
 from attention_dynamics.causal_head import (D_K, D_V, causal_head_loss_fn, init_heads, protocol_rates,
                                             train_reference)
-from attention_dynamics.artifacts import cpu_model
+from attention_dynamics.machine import cpu_model
 from attention_dynamics.native import NativeUnavailable, causal_head_kernel
 from attention_dynamics.tasks import sticky_chain as sc
 from attention_dynamics.training import SGD, train

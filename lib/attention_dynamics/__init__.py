@@ -39,7 +39,9 @@ Measurements
 Support
     validation      argument checks whose errors name the argument and the allowed range
     plotting        the book's look and the figures chapters share
-    native          compiled kernels (C, built on first use) behind the fast paths
+    native          compiled kernels (C, built on first use) behind the fast paths, each the
+                    default only on processors where it measured faster (native/speed.json)
+    machine         the processor, as records, kernel caches and the kernel choice name it
     artifacts       trained models kept on disk between chapters, with their provenance
     sources         which library source files a computation depends on (cache keys)
 

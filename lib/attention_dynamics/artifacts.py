@@ -8,18 +8,20 @@ library sources of the code that makes it (:func:`attention_dynamics.sources.mod
 so an edit to the training code, or a new PyTorch, makes a new one.
 
 The folder is ``$ATTENTION_DYNAMICS_ARTIFACTS``, else ``~/.cache/attention_dynamics/artifacts``.
-Chapters running side by side take a lock per artifact: the second waits for the first to
-finish training and then loads. A file that does not load (truncated, from an older
+Chapters running side by side take a lock per artifact (``filelock``: an OS lock where the
+system has one, a lock file elsewhere): the second waits for the first to finish training
+and then loads. The key also holds the computation paths of this processor
+(:func:`attention_dynamics.native.planned_paths`): a kernel and PyTorch train to different
+last digits, so a model trained one way is not loaded for the other. A file that does not load (truncated, from an older
 format) is made again. Files are written whole or not at all.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
-import fcntl
 import hashlib
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -27,10 +29,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+from filelock import FileLock, Timeout
 
+from .machine import cpu_model
+from .native import planned_paths
 from .sources import module_closure, module_digest
 
-__all__ = ["artifact_folder", "stored", "cpu_model"]
+__all__ = ["artifact_folder", "stored"]
 
 
 def artifact_folder() -> Path:
@@ -42,30 +47,19 @@ def artifact_folder() -> Path:
     return base
 
 
-def cpu_info() -> dict[str, str]:
-    """The first processor's entries of /proc/cpuinfo (empty where there is none)."""
-    info = {}
+@contextlib.contextmanager
+def _held(lock_path: Path, kind: str):
+    """This process alone, until the block ends; says so when it has to wait."""
+    lock = FileLock(lock_path)
     try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if not line.strip():
-                    break  # the first processor says it all
-                k, _, v = line.partition(":")
-                info[k.strip()] = v.strip()
-    except OSError:
-        pass
-    return info
-
-
-def cpu_model() -> str:
-    """The processor: its model name, family and model numbers and its widest vector
-    instructions (from /proc/cpuinfo on Linux), e.g. 'AMD EPYC (family 26 model 2, AVX-512)'."""
-    info = cpu_info()
-    if "model name" not in info:
-        return platform.processor() or platform.machine() or "unknown"
-    flags = info.get("flags", "").split()
-    vector = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
-    return f"{info['model name']} (family {info.get('cpu family', '?')} model {info.get('model', '?')}, {vector})"
+        lock.acquire(timeout=0)
+    except Timeout:
+        print(f"{kind}: another process is making this artifact; waiting for it", file=sys.stderr, flush=True)
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def stored(kind: str, settings: dict, make: Callable[[], Any], *, modules: list[str]) -> tuple[Any, dict]:
@@ -76,16 +70,11 @@ def stored(kind: str, settings: dict, make: Callable[[], Any], *, modules: list[
     when, on which processor, in how many seconds, and whether this call loaded it."""
     files = module_closure(modules)
     fields = {"kind": kind, "settings": settings, "torch": str(torch.__version__),
-              "library_digest": module_digest(files)}
+              "library_digest": module_digest(files), "paths": planned_paths()}
     key = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:20]
     folder = artifact_folder()
     path = folder / f"{kind}-{key}.pt"
-    with open(folder / f".{path.name}.lock", "w") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            print(f"{kind}: another process is making this artifact; waiting for it", file=sys.stderr, flush=True)
-            fcntl.flock(lock, fcntl.LOCK_EX)
+    with _held(folder / f".{path.name}.lock", kind):
         if path.is_file():
             try:
                 saved = torch.load(path, weights_only=True)

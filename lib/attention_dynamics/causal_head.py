@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from .artifacts import stored
-from .native import NativeUnavailable, causal_head_kernel, in_threads, transposed_padded
+from .native import causal_head_kernel, dispatch, in_threads, transposed_padded
 from .tasks.sticky_chain import D_X, N_STATES, StickySequence, sample_sequences
 from .training import HEAD_ROLES, SGD, History, StepOutput, em_style, head_rates, train
 from .validation import check_float, check_int, check_int_list, check_same_dtype_device, check_tensor
@@ -76,17 +76,18 @@ def blocked_causal_step(params: dict[str, Tensor], x: Tensor, y: Tensor, *, bloc
     responsibility N_j = sum_i alpha_ij (R, T).
 
     ``native``: use the compiled kernel (:mod:`attention_dynamics.native`, float32 only),
-    which fuses each query's forward and backward pass; None (default) uses it when it can
-    be built and the inputs are float32, False never does. Both compute the same closed
-    forms (tested against each other and against autograd)."""
+    which fuses each query's forward and backward pass; None (default): where it is the
+    faster path measured on this processor (:func:`attention_dynamics.native.chooses`) and
+    it builds; False never. Both compute the same closed forms (tested against each other
+    and against autograd)."""
     _check(params, x, y)
     block = check_int("block", block, 1, None)
-    if native is not False and x.dtype == torch.float32:
-        try:
-            return _native_step(params, x, y, grads=grads, stats=stats, value_info=value_info)
-        except NativeUnavailable:
-            if native:
-                raise
+    return dispatch("causal_head", native, x.dtype == torch.float32,
+                    lambda: _native_step(params, x, y, grads=grads, stats=stats, value_info=value_info),
+                    lambda: _torch_step(params, x, y, block=block, grads=grads, stats=stats, value_info=value_info))
+
+
+def _torch_step(params, x, y, *, block, grads, stats, value_info):
     W_Q, W_K, W_V, W_O = (params[n] for n in ("W_Q", "W_K", "W_V", "W_O"))
     R, T, _ = x.shape
     C = W_O.shape[-1]

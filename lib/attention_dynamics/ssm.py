@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .native import NativeUnavailable, selective_scan_kernel
+from .native import dispatch, selective_scan_kernel
 from .validation import check_bool, check_choice, check_int, check_model_input, check_tensor
 
 __all__ = ["ssm_scan", "ssm_weights", "ssm_backward", "SSMGrads", "SSMConfig", "SelectiveSSM", "SSMTrace",
@@ -93,21 +93,21 @@ def ssm_scan(x: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tenso
     """The selective scan, step by step: x, delta (batch, T, channels), A (channels, N),
     B, C (batch, T, N), D (channels,) or None. Returns y (batch, T, channels).
     ``compiled=None``: float32 CPU inputs go through the compiled kernel
-    (:mod:`attention_dynamics.native`; several times faster, tested against this
-    recurrence), when it can be built; False: always the recurrence in PyTorch operations."""
+    (:mod:`attention_dynamics.native`; tested against this recurrence) where it is the
+    faster path measured on this processor and it builds; True: the kernel; False: always
+    the recurrence in PyTorch operations."""
     _check_inputs(x, delta, A, B, C)
     if D is not None:
         check_tensor("D", D, ndim=1)
         if D.shape != x.shape[2:] or D.dtype != x.dtype:
             raise ValueError(f"D must have shape ({x.shape[2]},) and dtype {x.dtype}, "
                              f"got {tuple(D.shape)} and {D.dtype}")
-    if compiled is not False and x.dtype == torch.float32 and x.device.type == "cpu":
-        try:
-            y = _CompiledScan.apply(x, delta, A, B, C)
-            return y if D is None else y + D * x
-        except NativeUnavailable:
-            if compiled:
-                raise
+    y = dispatch("selective_scan", compiled, x.dtype == torch.float32 and x.device.type == "cpu",
+                 lambda: _CompiledScan.apply(x, delta, A, B, C), lambda: _recurrence(x, delta, A, B, C))
+    return y if D is None else y + D * x
+
+
+def _recurrence(x: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor) -> Tensor:
     # time leading and contiguous: each step's slices are dense blocks (strided slices make
     # every small product of the loop several times slower, forward and backward)
     decay = torch.exp(delta[..., None] * A).movedim(1, 0).contiguous()  # (T, batch, channels, N)
@@ -119,8 +119,7 @@ def ssm_scan(x: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tenso
     for a_t, d_t in zip(decay.unbind(0), drive.unbind(0)):
         h = a_t * h + d_t
         hs.append(h)
-    y = (torch.stack(hs, 1) * C[:, :, None, :]).sum(-1)
-    return y if D is None else y + D * x
+    return (torch.stack(hs, 1) * C[:, :, None, :]).sum(-1)
 
 
 def _decay(delta: Tensor, A: Tensor) -> tuple[Tensor, Tensor, Tensor]:

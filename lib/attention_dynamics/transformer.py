@@ -5,8 +5,8 @@ LayerNorm and a linear read-out. Inputs are either real vectors (a linear input 
 the sticky chain) or tokens (an embedding, plus learned positions, as in the wind tunnel).
 
 Training runs attention through :func:`causal_attention`: a compiled kernel
-(:mod:`attention_dynamics.native`) when one can be built, else PyTorch's fused
-``scaled_dot_product_attention``; both compute the same function. With ``inspect=True`` the same forward pass computes attention explicitly
+(:mod:`attention_dynamics.native`) on the processors where it measured faster, else
+PyTorch's fused ``scaled_dot_product_attention``; both compute the same function. With ``inspect=True`` the same forward pass computes attention explicitly
 with :func:`attention_dynamics.head.attend` and returns every head's scores, weights,
 queries, keys and values; the two paths agree to rounding (tested).
 
@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .head import Attention, attend
-from .native import NativeUnavailable, causal_attention_kernel, in_threads, transposed_padded
+from .native import causal_attention_kernel, dispatch, in_threads, transposed_padded
 from .training import ROLES, History, StepOutput, TorchOptimizer, train
 from .validation import check_bool, check_choice, check_float, check_int, check_model_input
 
@@ -121,22 +121,18 @@ class _CompiledCausalAttention(torch.autograd.Function):
 
 def causal_attention(q: Tensor, k: Tensor, v: Tensor, *, compiled: bool | None = None) -> Tensor:
     """softmax(q k^T / sqrt(d) + causal mask) v for (B, H, T, d) inputs, differentiable:
-    through the compiled kernel (float32 on the CPU; ``compiled=None`` uses it when it can
-    be built and the head dimension is 4, 8, 16, 32 or 64; False never), else through
-    PyTorch's fused attention. The kernel walks the
-    keys of each query in long vector loops, which pays when the head dimension is small."""
+    through the compiled kernel (float32 on the CPU, head dimension 4, 8, 16, 32 or 64;
+    ``compiled=None`` uses it where it is the faster path measured on this processor,
+    :func:`attention_dynamics.native.chooses`, and it builds; False never), else through
+    PyTorch's fused attention. The kernel walks the keys of each query in long vector loops,
+    which pays when the head dimension is small, on some processors."""
     fits = (q.dtype == torch.float32 and q.device.type == "cpu" and q.dim() == 4 and k.shape == q.shape
             and v.shape == q.shape and q.numel() > 0 and q.shape[-1] in (4, 8, 16, 32, 64))
     if compiled and not fits:
         raise ValueError("the compiled attention takes float32 CPU tensors q, k, v of one shape (B, H, T, d) "
                          f"with d in 4, 8, 16, 32, 64; got {q.dtype} {tuple(q.shape)}")
-    if compiled is not False and fits:
-        try:
-            return _CompiledCausalAttention.apply(q, k, v)
-        except NativeUnavailable:
-            if compiled:
-                raise
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=0.0)
+    return dispatch("causal_attention", compiled, fits, lambda: _CompiledCausalAttention.apply(q, k, v),
+                    lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=0.0))
 
 
 class Dropout(nn.Module):

@@ -30,7 +30,7 @@ def _git(root: str, *args: str) -> str:
 
 
 def provenance(job, key: str, seconds: float) -> dict:
-    from ..artifacts import cpu_model
+    from ..machine import cpu_model
 
     import torch
 
@@ -108,6 +108,7 @@ def provenance_markdown(prov: dict, repo: dict) -> str:
         f"| library | `attention_dynamics` {prov['library_version']}, git commit `{commit}` |",
         f"| software | Python {prov['python']}, PyTorch {prov['torch']} |",
         f"| executed | {prov['executed_at']} in {prov['seconds']:.0f} s on {prov['machine']} |",
+        f"| computation paths | {_paths_text(prov.get('paths', {}))} |",
         "",
         "To reproduce it exactly, from the repository root:",
         "",
@@ -125,6 +126,13 @@ def provenance_markdown(prov: dict, repo: dict) -> str:
         lines += ["", "Run it in the cloud: " + " · ".join(f"[{k}]({v})" for k, v in links.items())
                   + " (see *Rerun a chapter* for the set-up each needs)."]
     return "\n".join(lines)
+
+
+def _paths_text(paths: dict) -> str:
+    if not paths:
+        return "no compiled kernel involved"
+    return ", ".join(f"{name}: {path}" for name, path in paths.items()) + \
+        " (the kernels are chosen per processor; ATTENTION_DYNAMICS_NATIVE=0 forces PyTorch)"
 
 
 def append_provenance(notebook: Path, prov: dict, repo: dict) -> None:

@@ -6,7 +6,8 @@ In a notebook::
     rec["max_rel_error"] = err          # glued for {glue:text}`max_rel_error:.1e`
     rec.save()                          # written atomically to record_path, if one is set
 
-The runner passes ``record_path`` and adds the provenance (parameters, profile, commit).
+The runner passes ``record_path`` and adds the provenance (parameters, profile, commit,
+and the computation paths the notebook ran).
 """
 from __future__ import annotations
 
@@ -93,8 +94,13 @@ class Record:
         return self.values[name]
 
     def save(self) -> None:
+        """Write the values, and the computation paths this process ran (compiled kernels or
+        PyTorch, :func:`attention_dynamics.native.paths_taken`), which the runner files
+        under the provenance."""
         if self.path is not None:
-            write_json_atomic(self.path, {"values": self.values})
+            from ..native import paths_taken
+
+            write_json_atomic(self.path, {"values": self.values, "paths": paths_taken()})
 
 
 def _glue(name: str, value: Any) -> None:

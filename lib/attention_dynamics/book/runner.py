@@ -174,6 +174,16 @@ def cache_key(job: Job) -> str:
     return h.hexdigest()
 
 
+def _same_paths(taken: dict) -> bool:
+    """Whether a record's computation paths are the ones this machine would take now (a
+    kernel and PyTorch train to different last digits; the cache key, shared by every
+    machine, does not cover them)."""
+    from ..native import planned_paths
+
+    planned = planned_paths()
+    return all(planned.get(name) == path.split(" ")[0] for name, path in taken.items())
+
+
 def _file_digest(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
@@ -197,6 +207,8 @@ def cached_result(job: Job, key: str) -> tuple[JobResult | None, str]:
             return None, ""  # changed since: the ordinary reason to run, nothing to report
         if prov.get("output_sha256") != _file_digest(job.output):
             return None, "its executed notebook does not match the record (damaged or edited)"
+        if not _same_paths(prov.get("paths", {})):
+            return None, "it ran through other computation paths than this machine takes now (kernels or PyTorch)"
     except (OSError, UnicodeDecodeError, ValueError) as e:
         return None, f"its record cannot be read ({type(e).__name__})"
     return JobResult(job.stem, "cached", 0.0, record), ""
@@ -300,6 +312,7 @@ def execute(job: Job, progress_bar: bool = False) -> JobResult:
             raise NotebookFailed(job.stem, None, "MissingRecord", "the notebook ran but saved no record (call rec.save())")
         record = json.loads(tmp_rec.read_text(encoding="utf-8"))
         record["provenance"] = provenance(job, key, seconds)
+        record["provenance"]["paths"] = record.pop("paths", {})
         record["provenance"]["notebook_sha256"] = _file_digest(Path(job.notebook))
         record["provenance"]["library_digest"] = library_digest(job)
         append_provenance(tmp_nb, record["provenance"], repository(Path(job.root)))
@@ -397,7 +410,7 @@ def publish_paper_records(root: Path, results: list[JobResult]) -> list[str]:
 def timing_table(results: list[JobResult], wall_seconds: float | None = None) -> str:
     """Each chapter's seconds (this run's, or its cached run's), threads and share of the
     sum; then the sum, and the wall-clock time of this run with the processor."""
-    from ..artifacts import cpu_model
+    from ..machine import cpu_model
 
     width = max([len(r.name) for r in results] + [16])
     secs = [float(r.record.get("provenance", {}).get("seconds", r.seconds)) for r in results]

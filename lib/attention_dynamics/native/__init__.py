@@ -1,19 +1,25 @@
 """Compiled kernels, built on the reader's machine on first use and cached.
 
-A C compiler (``cc``, or ``$CC``) is all they need: the source is compiled with
-``-O3 -march=native -ffast-math`` for the feature sizes at hand and loaded with ctypes. A
-caller always keeps a pure-PyTorch path, taken when no compiler is found (or when
-``ATTENTION_DYNAMICS_NATIVE=0``), so nothing depends on a kernel being built.
+A C compiler (``cc``, or ``$CC``) is all they need: the source is compiled for the feature
+sizes at hand with :data:`COMMON_FLAGS` plus ``-march=native`` (without it, portably, where
+the compiler rejects it) and loaded with ctypes. A caller always keeps a pure-PyTorch path,
+taken when no kernel can be built, so nothing depends on a kernel being built.
+
+Whether a kernel is the default path is decided per processor from committed measurements
+(``speed.json``, written by ``benchmarks/kernel_choice.py --record``): see :func:`chooses`.
+``ATTENTION_DYNAMICS_NATIVE=0`` turns every kernel off, ``=1`` on wherever it builds.
 
 - ``causal_head.c``: the single causal head of the sticky-chain protocol, forward and
   closed-form backward fused per query (chapter *The sticky Markov chain: speed*).
 - ``causal_attention.c``: causal softmax attention of many (batch, head) slices, forward and
   backward, for the transformer (:func:`attention_dynamics.transformer.causal_attention`).
+- ``selective_scan.c``: the selective scan of the R9 SSM, forward and backward.
 """
 from __future__ import annotations
 
 import ctypes
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -21,22 +27,127 @@ import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Callable, TypeVar
 
 import torch
 
-from ..artifacts import cpu_info, cpu_model
+from ..machine import cpu_info, cpu_model, processor_key
 
 __all__ = ["causal_head_kernel", "causal_attention_kernel", "selective_scan_kernel", "NativeUnavailable",
-           "in_threads", "transposed_padded"]
+           "in_threads", "transposed_padded", "KERNELS", "chooses", "choice_reason", "planned_paths",
+           "paths_taken", "dispatch", "COMMON_FLAGS", "MARGIN"]
 
 HERE = Path(__file__).resolve().parent
-FLAGS = ["-O3", "-march=native", "-ffast-math", "-std=gnu11", "-shared", "-fPIC"]
+# Not -ffast-math: linked into a shared library it turns on flush-to-zero and
+# denormals-are-zero for the whole process (GCC before 13 links crtfastmath.o), and its
+# -ffinite-math-only lets the compiler assume no NaN or infinity reaches a kernel. These are
+# the parts of it that let loops over floats vectorize (sums in any order, no errno),
+# none of which changes the floating-point mode or the handling of NaN and infinities.
+COMMON_FLAGS = ["-O3", "-std=gnu11", "-fno-math-errno", "-fno-trapping-math", "-fno-signed-zeros",
+                "-fassociative-math", "-freciprocal-math", "-shared", "-fPIC"]
+TARGETS = {"native": ["-march=native"], "portable": []}  # tried in this order
+KERNELS = ("causal_head", "causal_attention", "selective_scan")
+# A kernel becomes the default on a processor when it is at least this much faster than the
+# PyTorch path there: a tie goes to the maintained path. Set before any measurement; 10% is
+# above the spread of repeated timings of one build on one machine (about 5% here).
+MARGIN = 1.10
+SPEED_FILE = HERE / "speed.json"
+
 _lock = threading.Lock()
 _loaded: dict[tuple, ctypes.CDLL | NativeUnavailable] = {}
+_taken: dict[str, str] = {}
+_targets: dict[str, str] = {}
+T = TypeVar("T")
 
 
 class NativeUnavailable(RuntimeError):
     """No kernel: no compiler, a failed build, or ATTENTION_DYNAMICS_NATIVE=0."""
+
+
+def _setting() -> str:
+    value = os.environ.get("ATTENTION_DYNAMICS_NATIVE", "")
+    if value not in ("", "0", "1"):
+        raise ValueError(f"ATTENTION_DYNAMICS_NATIVE must be 0 (PyTorch paths only), 1 (every kernel that "
+                         f"builds) or unset (the measured choice per processor), got {value!r}")
+    return value
+
+
+def measurements() -> dict[str, dict[str, dict]]:
+    """kernel -> processor key -> {"ratio": PyTorch time / kernel time, ...}, as committed."""
+    with open(SPEED_FILE, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def choice_reason(name: str, processor: str | None = None) -> tuple[bool, str]:
+    """Whether kernel ``name`` is the default path on ``processor`` (this one by default), and
+    why: its measured ratio there against :data:`MARGIN`; on a processor never measured, the
+    kernel only if it won by the margin on every processor measured (else the maintained
+    PyTorch path)."""
+    if name not in KERNELS:
+        raise ValueError(f"name must be one of {', '.join(KERNELS)}, got {name!r}")
+    setting = _setting()
+    if setting == "0":
+        return False, "kernels disabled (ATTENTION_DYNAMICS_NATIVE=0)"
+    if setting == "1":
+        return True, "kernels forced (ATTENTION_DYNAMICS_NATIVE=1)"
+    processor = processor or processor_key()
+    table = measurements().get(name, {})
+    if processor in table:
+        ratio = float(table[processor]["ratio"])
+        verdict = ratio >= MARGIN
+        return verdict, f"measured {ratio:.2f}x the PyTorch path on {processor} ({'>=' if verdict else '<'} {MARGIN})"
+    wins = [float(m["ratio"]) >= MARGIN for m in table.values()]
+    if wins and all(wins):
+        return True, f"not measured on {processor}; faster by {MARGIN}x or more on all {len(wins)} processors measured"
+    return False, f"not measured on {processor}; the kernel did not win on every processor measured"
+
+
+def chooses(name: str) -> bool:
+    """Whether the default path of kernel ``name`` is the kernel on this processor."""
+    return choice_reason(name)[0]
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
+def planned_paths() -> dict[str, str]:
+    """kernel -> "kernel" or "torch": the default path each computation takes here (a kernel
+    that is chosen but cannot be built falls back to PyTorch at its first call)."""
+    has_cc = _compiler() is not None
+    return {n: "kernel" if chooses(n) and has_cc else "torch" for n in KERNELS}
+
+
+def dispatch(name: str, requested: bool | None, fits: bool, kernel: Callable[[], T], fallback: Callable[[], T]) -> T:
+    """``kernel()`` or the PyTorch ``fallback()``, and a note of which ran. ``requested``:
+    True, the kernel (NativeUnavailable where it cannot be built); False, PyTorch; None, the
+    choice for this processor (:func:`chooses`), falling back where the kernel does not build.
+    ``fits``: whether the inputs are ones the kernel takes."""
+    noted = fits and requested is None  # the machine's choice; an explicit request is the caller's
+    if fits and (requested or (requested is None and chooses(name))):
+        try:
+            out = kernel()
+        except NativeUnavailable:
+            if requested:
+                raise
+        else:
+            if noted:
+                _taken[name] = _merge(_taken.get(name), f"kernel ({_targets.get(name, '?')})")
+            return out
+    if noted:
+        _taken[name] = _merge(_taken.get(name), "torch")
+    return fallback()
+
+
+def _merge(before: str | None, now: str) -> str:
+    return now if before in (None, now) else "mixed"
+
+
+def paths_taken() -> dict[str, str]:
+    """computation -> the default path this process has run it through so far (calls with
+    an explicit ``compiled``/``native`` are left out): "kernel (native)" or "kernel
+    (portable)" (the build target), "torch", or "mixed"; for a record's provenance."""
+    return dict(sorted(_taken.items()))
 
 
 def _cache_dir() -> Path:
@@ -48,51 +159,60 @@ def _cache_dir() -> Path:
         return Path(tempfile.gettempdir())
 
 
-def _build(source: Path, defines: dict[str, int]) -> Path:
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+def _build(source: Path, defines: dict[str, int]) -> tuple[Path, str]:
+    """The library built from ``source``: (its path, the target it was built for)."""
+    cc = _compiler()
     if not cc:
         raise NativeUnavailable("no C compiler found (cc, gcc or $CC)")
     try:
         version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError) as e:
         raise NativeUnavailable(f"the C compiler {cc} does not run: {e}") from None
-    args = FLAGS + [f"-D{k}={v}" for k, v in sorted(defines.items())]
     headers = b"".join(h.read_bytes() for h in sorted(source.parent.glob("*.h")))
     # -march=native: a library built for one processor may not run on another that
     # shares this cache folder (a home directory on several machines)
     machine = f"{cpu_model()} {cpu_info().get('flags', '')}"
-    key = hashlib.sha256(source.read_bytes() + headers
-                         + " ".join([cc, *args, version, machine]).encode()).hexdigest()[:16]
-    target = _cache_dir() / f"{source.stem}-{key}.so"
-    if target.is_file():
-        return target
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".so")
-    os.close(fd)
-    try:
-        done = subprocess.run([cc, *args, str(source), "-o", tmp, "-lm"], capture_output=True, text=True, timeout=300)
-        if done.returncode != 0:
-            raise NativeUnavailable(f"{cc} failed to build {source.name}: {done.stderr.strip()[-500:]}")
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return target
+    failures = []
+    for target, target_flags in TARGETS.items():
+        args = COMMON_FLAGS + target_flags + [f"-D{k}={v}" for k, v in sorted(defines.items())]
+        key = hashlib.sha256(source.read_bytes() + headers
+                             + " ".join([cc, *args, version, machine]).encode()).hexdigest()[:16]
+        path = _cache_dir() / f"{source.stem}-{key}.so"
+        if path.is_file():
+            return path, target
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".so")
+        os.close(fd)
+        try:
+            done = subprocess.run([cc, *args, str(source), "-o", tmp, "-lm"], capture_output=True, text=True,
+                                  timeout=300)
+            if done.returncode == 0:
+                os.replace(tmp, path)
+                return path, target
+            failures.append(f"{target}: {done.stderr.strip()[-300:]}")
+        except (OSError, subprocess.SubprocessError) as e:
+            failures.append(f"{target}: {e}")
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    raise NativeUnavailable(f"{cc} failed to build {source.name} ({'; '.join(failures)})")
 
 
 def _kernel(source: str, defines: dict[str, int], signatures: dict[str, list]) -> ctypes.CDLL:
-    if os.environ.get("ATTENTION_DYNAMICS_NATIVE", "1") == "0":
+    if _setting() == "0":
         raise NativeUnavailable("disabled by ATTENTION_DYNAMICS_NATIVE=0")
     key = (source, tuple(sorted(defines.items())))
     with _lock:
         if key not in _loaded:
             try:
-                lib = ctypes.CDLL(str(_build(HERE / source, defines)))
+                path, target = _build(HERE / source, defines)
+                lib = ctypes.CDLL(str(path))
             except (NativeUnavailable, OSError) as e:
                 _loaded[key] = NativeUnavailable(str(e))  # not again at every call
             else:
                 for name, argtypes in signatures.items():
                     getattr(lib, name).argtypes = argtypes
                     getattr(lib, name).restype = None
+                _targets[Path(source).stem] = target
                 _loaded[key] = lib
         found = _loaded[key]
     if isinstance(found, NativeUnavailable):

@@ -70,8 +70,7 @@ void attention_forward(int S, int T, int TP, const float *restrict q, const floa
             for (int r = 0; r < nb; r++) {
                 float *restrict p = buf + (size_t)r * TP;
                 const int visible = i0 + r + 1;
-                float mx = -FLT_MAX;
-                for (int j = 0; j < visible; j++) mx = fmaxf(mx, p[j]);
+                const float mx = max_of(p, visible);
                 float sum = 0.0f;
                 for (int j = 0; j < visible; j++) {
                     p[j] = expf(p[j] - mx);

@@ -68,8 +68,7 @@ void causal_head_run(int T, int TP, const float *restrict q, const float *restri
                 continue;
             }
             const int visible = i0 + r + 1;
-            float mx = -FLT_MAX;
-            for (int j = 0; j < visible; j++) mx = fmaxf(mx, a[j]);
+            const float mx = max_of(a, visible);
             float sum = 0.0f, shifted = 0.0f;
             for (int j = 0; j < visible; j++) {
                 const float d = a[j] - mx, e = expf(d);

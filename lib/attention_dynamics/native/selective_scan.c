@@ -16,6 +16,8 @@
 #include <stddef.h>
 #include <string.h>
 
+#include "vectors.h"  /* the vector expf */
+
 #if !defined(NS)
 #error "compile with -DNS=<states per channel>"
 #endif
