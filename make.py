@@ -20,6 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+MIN_PYTHON = (3, 11)  # the pinned numpy 2.4.6, scipy 1.17.1 and pandas 3.1.1 need 3.11
 ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 STAMP = VENV / ".installed-from"
@@ -52,16 +53,40 @@ def ensure_environment() -> Path:
     return venv_python()
 
 
-BROWSER = ("/usr/bin/chromium", "/usr/bin/chromedriver")
+def check_python(version=None) -> None:
+    """Stop with one line on a Python older than the pinned packages need."""
+    version = tuple(version or sys.version_info)[:3]
+    if version[:2] < MIN_PYTHON:
+        sys.exit(f"make.py: Python {'.'.join(map(str, MIN_PYTHON))} or newer is needed (the pinned numpy, scipy and "
+                 f"pandas require it); this is Python {'.'.join(map(str, version))}. Run it with a newer python3.")
+
+
+def find_browser() -> tuple[str, str] | None:
+    """Chromium and its ChromeDriver for the browser test: $CHROME_BIN and $CHROMEDRIVER if
+    set, else the first of the usual names on the PATH (Debian's, Ubuntu's, Google's)."""
+    chromium = os.environ.get("CHROME_BIN") or next(
+        (p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")) if p),
+        None)
+    driver = os.environ.get("CHROMEDRIVER") or shutil.which("chromedriver")
+    if chromium and driver and Path(chromium).exists() and Path(driver).exists():
+        return chromium, driver
+    return None
+
+
+def is_root() -> bool:
+    geteuid = getattr(os, "geteuid", None)  # absent on Windows
+    return geteuid is not None and geteuid() == 0
 
 
 def ensure_browser() -> None:
-    """The browser test drives Debian's headless Chromium; install it once if missing."""
-    if all(Path(p).exists() for p in BROWSER):
+    """The browser test drives a headless Chromium; as root with apt-get, install Debian's
+    once if none is found."""
+    if find_browser():
         return
-    if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        print("note: Chromium is missing and cannot be installed here (needs root and apt-get); "
-              "the browser test will fail. Install the Debian packages chromium and chromium-driver.", flush=True)
+    if not is_root() or shutil.which("apt-get") is None:
+        print("note: no Chromium with ChromeDriver found and they cannot be installed here (needs root and "
+              "apt-get); the browser test will fail. Install them (Debian: chromium, chromium-driver) or set "
+              "CHROME_BIN and CHROMEDRIVER.", flush=True)
         return
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     run(["apt-get", "update", "-qq"], env=env)
@@ -69,6 +94,7 @@ def ensure_browser() -> None:
 
 
 def main(argv: list[str]) -> None:
+    check_python()
     if not argv or argv[0] not in {"book", "test"}:
         sys.exit(__doc__)
     command, rest = argv[0], argv[1:]

@@ -51,3 +51,50 @@ def papermill_parameters(argv: list[str], monkeypatch) -> dict:
     monkeypatch.setattr(papermill.cli, "execute_notebook", lambda *a, **kw: seen.update(kw["parameters"]))
     papermill.cli.papermill.main(args=argv[1:], standalone_mode=False)
     return seen
+
+
+# Tolerances of float32 computations, from the arithmetic: one rounding has relative error
+# at most U32, and a sum or dot product of n terms computed in any order has error at most
+# gamma(n) times the sum of its terms' magnitudes (Higham, Accuracy and Stability of
+# Numerical Algorithms, section 3.1): the terms', not the result's, so a sum that cancels to
+# zero keeps the error of its terms.
+U32 = 2.0 ** -24
+
+
+def gamma(n: int, u: float = U32) -> float:
+    return n * u / (1 - n * u)
+
+
+def kernel_or_skip(build) -> None:
+    """Build a compiled kernel, or skip the test where this machine's compiler cannot build
+    C of the kind the kernels are (GNU C11 with vector extensions, our flags): a probe
+    program tells a compiler's limits (skip: the PyTorch path serves there) from a fault
+    in our sources (fail)."""
+    import os
+    import shutil
+    import subprocess
+    import tempfile
+
+    import pytest
+
+    from attention_dynamics import native
+
+    try:
+        build()
+        return
+    except native.NativeUnavailable as e:
+        reason = str(e)
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip(f"no C compiler here: the PyTorch path runs instead ({reason})")
+    probe = ("typedef float v8 __attribute__((vector_size(32)));\\n"
+             "void twice(float *p) { v8 v; __builtin_memcpy(&v, p, sizeof v); v += v; __builtin_memcpy(p, &v, sizeof v); }\\n")
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "probe.c")
+        with open(src, "w") as f:
+            f.write(probe)
+        ok = any(subprocess.run([cc, *native.COMMON_FLAGS, *flags, src, "-o", os.path.join(tmp, "probe.so")],
+                                capture_output=True).returncode == 0 for flags in native.TARGETS.values())
+    if ok:
+        raise AssertionError(f"the compiler {cc} builds C of this kind, but not our kernel: {reason}")
+    pytest.skip(f"the compiler {cc} cannot build the kernels' kind of C: the PyTorch path runs instead ({reason})")

@@ -5,6 +5,7 @@ the bundled MathJax, no broken internal link, and the search finds a known term.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import http.server
 import shutil
 import threading
@@ -17,7 +18,13 @@ import pytest
 from attention_dynamics.book.build import build_book
 from attention_dynamics.book.profiles import load_profiles
 
-CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+
+def _make():
+    """make.py, the project's entry point, which finds (and as root installs) the browser."""
+    spec = importlib.util.spec_from_file_location("make", Path(__file__).resolve().parents[1] / "make.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture(scope="module")
@@ -46,20 +53,22 @@ def server(built_book):
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory):
-    for exe in (CHROMIUM, CHROMEDRIVER):
-        if not Path(exe).exists():
-            pytest.fail(f"{exe} is missing: `python3 make.py test` installs Debian's chromium and chromium-driver as root")
+    found = _make().find_browser()
+    if found is None:
+        pytest.fail("no Chromium with ChromeDriver: `python3 make.py test` installs Debian's chromium and "
+                    "chromium-driver as root; elsewhere install them or set CHROME_BIN and CHROMEDRIVER")
+    CHROMIUM, CHROMEDRIVER = found
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
     opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM
+    opts.binary_location = chromium
     for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic",
                  "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync",
                  f"--user-data-dir={tmp_path_factory.mktemp('chrome')}"):
         opts.add_argument(flag)
     opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
+    driver = webdriver.Chrome(service=Service(chromedriver), options=opts)
     driver.set_page_load_timeout(60)
     yield driver
     driver.quit()

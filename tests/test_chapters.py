@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 
 def test_routing_law_chapter(quick_runs):
     v = quick_runs("routing_law")["values"]
@@ -262,3 +264,26 @@ def test_readme_rerun_examples_run_as_printed(root, tmp_path):
         assert done.returncode == 0, (cmd, done.stderr[-2000:])
         only = cmd[cmd.index("--only") + 1]
         assert (tmp_path / "my-runs" / f"{only}.json").is_file()
+
+
+def test_the_pytorch_paths_give_every_chapter_the_same_claims(quick_runs, root, tmp_path_factory, monkeypatch):
+    """The chapters that ran a compiled kernel here, run again with every kernel off
+    (ATTENTION_DYNAMICS_NATIVE=0): the same verdict for every claim and each claim's number
+    within its tolerance (python -m attention_dynamics.book.compare). Trained numbers are
+    not equal: a kernel and PyTorch round differently, and hundreds of float32 steps carry
+    the difference on."""
+    from attention_dynamics.book.compare import compare
+    from attention_dynamics.book.profiles import load_profiles
+    from attention_dynamics.book.runner import make_jobs, run_chapters
+
+    kernel = {name: quick_runs(name) for name in load_profiles(root)}
+    used = sorted(n for n, r in kernel.items() if any(p.startswith("kernel") for p in r["provenance"]["paths"].values()))
+    if not used:
+        pytest.skip("no kernel ran here (no compiler, or PyTorch is the faster path on this processor)")
+    monkeypatch.setenv("ATTENTION_DYNAMICS_NATIVE", "0")
+    out = tmp_path_factory.mktemp("chapters-pytorch")
+    runs = {r.name: r.record for r in run_chapters(make_jobs(root, "quick", only=used, out_dir=out), progress=False)}
+    assert {p for r in runs.values() for p in r["provenance"]["paths"].values()} == {"torch"}
+    result = compare({n: kernel[n] for n in used}, runs)
+    print("\n".join(result.lines(30)))
+    assert not result.failed, "\n".join(result.lines(30))

@@ -392,7 +392,7 @@ def publish_paper_records(root: Path, results: list[JobResult]) -> list[str]:
     """Copy the records of a paper build into results/paper/ (committed, so that CI checks
     paper-scale claims without the paper build) and say which claims changed beyond their
     tolerance, or changed verdict, against the records there before."""
-    from ..claims import changed_claims
+    from .compare import compare
     from .scorecard import read_records
 
     folder = Path(root) / RESULTS
@@ -400,10 +400,10 @@ def publish_paper_records(root: Path, results: list[JobResult]) -> list[str]:
     after = {r.name: r.record for r in results}
     for name, record in after.items():
         write_json_atomic(folder / f"{name}.json", record)
-    changes = changed_claims({k: v for k, v in before.items() if k in after}, after) if before else []
     lines = [f"paper records of {len(after)} chapter(s) written to {RESULTS}/"]
-    lines += [f"changed beyond tolerance: {c}" for c in changes] or (["no claim changed beyond its tolerance"]
-                                                                    if before else [])
+    if before:
+        lines += ["against the records there before (python -m attention_dynamics.book.compare):"]
+        lines += compare({k: v for k, v in before.items() if k in after}, after).lines()
     return lines
 
 

@@ -1,0 +1,203 @@
+"""Two sets of chapter records side by side: every recorded value that moved and by how
+much, and every claim whose verdict changed or whose number moved beyond its tolerance.
+
+    python -m attention_dynamics.book.compare results/paper my-rebuild
+    python -m attention_dynamics.book.compare A B --values 20    # the 20 values that moved most
+
+Used to compare a rebuild with the committed records (another machine, the kernels switched
+off, a new commit), by the runner after a paper build, and by the tests. It exits with 1
+when a claim's verdict changed or its number moved beyond the claim's tolerance, with 0
+otherwise; values without a claim are reported, never judged. Timings (keys with seconds,
+ms or a speed ratio) describe the machine, not the science, and are listed apart.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["Moved", "ClaimChange", "Comparison", "compare", "compare_folders", "is_timing", "main"]
+
+_TIMING = re.compile(r"(^|_)(seconds|ms)(_|$)|speed_ratio")
+
+
+def is_timing(key: str) -> bool:
+    """Whether a record key holds a time or a speed (of the machine, not of the science)."""
+    return bool(_TIMING.search(key))
+
+
+@dataclass(frozen=True)
+class Moved:
+    chapter: str
+    key: str  # the record key, with [i] and .name for entries of lists and mappings
+    old: object
+    new: object
+
+    @property
+    def abs_diff(self) -> float | None:
+        if _number(self.old) and _number(self.new):
+            return abs(float(self.new) - float(self.old))
+        return None
+
+    @property
+    def rel_diff(self) -> float | None:
+        d = self.abs_diff
+        if d is None:
+            return None
+        scale = max(abs(float(self.old)), abs(float(self.new)))
+        return d / scale if scale > 0 else 0.0
+
+    @property
+    def timing(self) -> bool:
+        return is_timing(self.key)
+
+
+@dataclass(frozen=True)
+class ClaimChange:
+    key: str
+    chapter: str
+    old: str  # as the scorecard prints it, with the verdict
+    new: str
+    delta: float | None  # |new - old| of the claim's number, where both are numbers
+    tolerance: float | None
+    verdict_changed: bool
+
+    @property
+    def beyond_tolerance(self) -> bool:
+        return self.delta is not None and self.tolerance is not None and self.delta > self.tolerance
+
+    @property
+    def fails(self) -> bool:
+        return self.verdict_changed or self.beyond_tolerance
+
+
+@dataclass
+class Comparison:
+    chapters: list[str]  # in both sets
+    only_old: list[str]
+    only_new: list[str]
+    moved: list[Moved]
+    claims: list[ClaimChange]  # every claim of the shared chapters, changed or not
+    n_values: int  # values compared
+
+    @property
+    def failed(self) -> bool:
+        return any(c.fails for c in self.claims)
+
+    def lines(self, most: int = 10) -> list[str]:
+        """The report: claims first (every one that changed verdict or moved beyond its
+        tolerance, then a count of the rest), then the values that moved most."""
+        out = [f"compared {len(self.chapters)} chapter(s), {self.n_values} recorded values, "
+               f"{len(self.claims)} claims"]
+        if self.only_old or self.only_new:
+            out.append(f"chapters in one set only: old {self.only_old or '-'}, new {self.only_new or '-'}")
+        bad = [c for c in self.claims if c.fails]
+        for c in bad:
+            why = "verdict changed" if c.verdict_changed else f"moved {c.delta:.3g} > tolerance {c.tolerance:g}"
+            out.append(f"CLAIM {c.key} ({c.chapter}): {c.old} -> {c.new}  [{why}]")
+        within = [c for c in self.claims if not c.fails and c.old != c.new]
+        out.append(f"claims with the same verdict and within tolerance: {len(self.claims) - len(bad)} "
+                   f"({len(within)} of them with a different number)")
+        for c in within:
+            out.append(f"  {c.key}: {c.old} -> {c.new}" + (f" (|Δ| {c.delta:.3g} ≤ {c.tolerance:g})"
+                                                          if c.delta is not None and c.tolerance is not None else ""))
+        values = [m for m in self.moved if not m.timing]
+        timings = [m for m in self.moved if m.timing]
+        out.append(f"values that differ: {len(values)} of {self.n_values} (and {len(timings)} timings)")
+        ranked = sorted(values, key=lambda m: (m.rel_diff is None, -(m.rel_diff or 0.0)))
+        for m in ranked[:most]:
+            if m.rel_diff is None:
+                out.append(f"  {m.chapter}.{m.key}: {_short(m.old)} -> {_short(m.new)}")
+            else:
+                out.append(f"  {m.chapter}.{m.key}: {m.old:.6g} -> {m.new:.6g} (relative {m.rel_diff:.2g})")
+        if len(ranked) > most:
+            out.append(f"  ... {len(ranked) - most} more")
+        out.append("verdict: " + ("DIFFERENT (a claim changed)" if self.failed else "the same claims"))
+        return out
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _short(v) -> str:
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _leaves(value, prefix: str) -> dict[str, object]:
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            out.update(_leaves(v, f"{prefix}.{k}"))
+        return out
+    if isinstance(value, list):
+        out = {}
+        for i, v in enumerate(value):
+            out.update(_leaves(v, f"{prefix}[{i}]"))
+        return out
+    return {prefix: value}
+
+
+def compare(old: dict[str, dict], new: dict[str, dict]) -> Comparison:
+    """Compare two record sets (chapter -> record with 'values'), chapter by chapter and key
+    by key, and judge every claim of the chapters both hold."""
+    from ..claims import CLAIMS, evaluate
+
+    shared = sorted(set(old) & set(new))
+    moved, n = [], 0
+    for ch in shared:
+        a, b = old[ch].get("values", {}), new[ch].get("values", {})
+        for key in sorted(set(a) | set(b)):
+            la = _leaves(a.get(key, "<absent>"), key)
+            lb = _leaves(b.get(key, "<absent>"), key)
+            for leaf in sorted(set(la) | set(lb)):
+                n += 1
+                va, vb = la.get(leaf, "<absent>"), lb.get(leaf, "<absent>")
+                if va != vb:
+                    moved.append(Moved(ch, leaf, va, vb))
+    before = {r["key"]: r for r in evaluate({c: old[c] for c in shared})}
+    after = {r["key"]: r for r in evaluate({c: new[c] for c in shared})}
+    claims = []
+    for c in CLAIMS:
+        if c.chapter not in shared:
+            continue
+        o, w = before[c.key], after[c.key]
+        delta = abs(float(w["value"]) - float(o["value"])) if _number(o["value"]) and _number(w["value"]) else None
+        claims.append(ClaimChange(c.key, c.chapter, f"{o['ours']} ({o['verdict']})", f"{w['ours']} ({w['verdict']})",
+                                  delta, c.tolerance, o["verdict"] != w["verdict"]))
+    return Comparison(shared, sorted(set(old) - set(new)), sorted(set(new) - set(old)), moved, claims, n)
+
+
+def compare_folders(old: Path, new: Path) -> Comparison:
+    from .scorecard import read_records
+
+    for folder in (old, new):
+        if not Path(folder).is_dir():
+            raise ValueError(f"{folder} is not a folder of records")
+    return compare(read_records(Path(old)), read_records(Path(new)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m attention_dynamics.book.compare", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("old", type=Path, help="a folder of records (chapter.json), e.g. results/paper")
+    ap.add_argument("new", type=Path, help="another folder of records")
+    ap.add_argument("--values", type=int, default=10, help="how many of the values that moved to list (default 10)")
+    args = ap.parse_args(argv)
+    if args.values < 0:
+        ap.error(f"--values must be >= 0, got {args.values}")
+    try:
+        result = compare_folders(args.old, args.new)
+    except (ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print("\n".join(result.lines(args.values)))
+    return 1 if result.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
