@@ -108,6 +108,7 @@ def test_sticky_chain_deep_chapter(quick_runs):
 def test_wt_calibration_chapter(quick_runs):
     v = quick_runs("wt_calibration")["values"]
     assert v["mae_bits"] < v["mae_start_bits"]  # training moves the entropies toward the posterior
+    assert v["n_seeds"] == len(v["mae_bits_per_seed"]) == 2 and v["mae_bits_per_seed"][0] == v["mae_bits"]
     assert isinstance(v["values_calibrated_step"], int)  # the counting positions calibrate within a short run
 
 
@@ -116,7 +117,7 @@ def test_wt_geometry_chapter(quick_runs):
     assert v["mae_end"] < v["mae_start"]
     ratio = [a / u for a, u in zip(v["attention_bits_by_position"], v["uniform_bits_by_position"]) if u > 0]
     assert max(ratio) < 1  # attention below uniform causal attention at every position
-    assert v["frame_comparisons"] == 3 * v["n_frame_seeds"] and v["control_mae_bits"] < 1.0
+    assert v["frame_comparisons"] == 3 * v["n_seeds"] == 3 * len(v["rho_mean_end_per_seed"]) and v["control_mae_bits"] < 1.0
 
 
 def test_wt_laws_chapter(quick_runs):

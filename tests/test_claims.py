@@ -70,10 +70,10 @@ CASES = {
     "r7_accuracy": (protocol(), protocol(em_acc_per_seed=shifted(SCRIPT_R7["sgd_accuracy"], -0.01))),
     "r7_deep": ({"test_accuracy_per_seed": [0.34, 0.35, 0.33], "filter_accuracy_per_seed": [0.35, 0.35, 0.35]},
                 {"test_accuracy_per_seed": [0.12, 0.13, 0.125], "filter_accuracy_per_seed": [0.35, 0.35, 0.35]}),
-    "r8_calibration": ({"mae_bits": 0.01}, {"mae_bits": 0.05}),
+    "r8_calibration": ({"mae_bits_per_seed": [0.004, 0.005, 0.006]}, {"mae_bits_per_seed": [0.05, 0.04, 0.06]}),
     "r8_keys": ({"key_cos_end_mean": 0.18, "key_cos_random": 0.3, "key_cos_simplex": 1 / 7},
                 {"key_cos_end_mean": 0.35, "key_cos_random": 0.3, "key_cos_simplex": 1 / 7}),
-    "r8_values": ({"rho_mean_end": 0.8}, {"rho_mean_end": 0.3}),
+    "r8_values": ({"rho_mean_end_per_seed": [0.85, 0.9, 0.88]}, {"rho_mean_end_per_seed": [0.3, 0.35, 0.25]}),
     "r8_control": ({"rho_partial_control": 0.5}, {"rho_partial_control": 0.1}),
     "r8_focusing": ({"attention_bits_by_position": [0, 1.4, 1.9, 2.2, 2.3], "uniform_bits_by_position": [0, 1.58, 2.32, 2.81, 3.17]},
                     {"attention_bits_by_position": [0, 1.7, 2.4, 2.9, 3.2], "uniform_bits_by_position": [0, 1.58, 2.32, 2.81, 3.17]}),
@@ -169,3 +169,22 @@ def test_changed_claims_reports_moves_beyond_tolerance():
 def test_a_chapter_that_did_not_run_is_not_judged():
     rows = evaluate({})
     assert all(r["verdict"] == UNMEASURED for r in rows if r["chapter"])
+
+
+def test_the_seed_ladder_judges_the_interval_not_the_mean():
+    from attention_dynamics.claims import seed_ladder
+
+    # lower is better, bars 0.01 (holds) and 0.02 (partly)
+    assert seed_ladder([0.004, 0.005, 0.006], 0.01, 0.02, higher_is_better=False).verdict == HOLDS
+    assert seed_ladder([0.013, 0.014, 0.015], 0.01, 0.02, higher_is_better=False).verdict == PARTLY
+    assert seed_ladder([0.05, 0.04, 0.06], 0.01, 0.02, higher_is_better=False).verdict == FAILS
+    # a mean below the bar whose interval reaches above it: not "holds"
+    wide = seed_ladder([0.002, 0.005, 0.017], 0.01, 0.02, higher_is_better=False)
+    assert wide.verdict == INCONCLUSIVE and wide.value < 0.01 and "straddles" in wide.why
+    one = seed_ladder([0.004], 0.01, 0.02, higher_is_better=False)
+    assert one.verdict == INCONCLUSIVE and one.n == 1
+    # higher is better, bars 0.8 and 0.5
+    assert seed_ladder([0.85, 0.9, 0.88], 0.8, 0.5).verdict == HOLDS
+    assert seed_ladder([0.6, 0.62, 0.61], 0.8, 0.5).verdict == PARTLY
+    assert seed_ladder([0.3, 0.35, 0.25], 0.8, 0.5).verdict == FAILS
+    assert seed_ladder([0.45, 0.52, 0.49], 0.8, 0.5).verdict == INCONCLUSIVE  # the AMD / Intel split of issue 17

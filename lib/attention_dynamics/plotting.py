@@ -5,7 +5,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import seaborn as sns
 
-__all__ = ["use_style", "matrix_panels", "band", "value_step_figure", "geometry_panels"]
+__all__ = ["use_style", "matrix_panels", "band", "value_step_figure", "geometry_panels", "seed_interval"]
 
 
 def use_style() -> None:
@@ -123,6 +123,26 @@ def geometry_panels(steps, measures: list[dict], V: int, L: int):
             ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
+
+
+def seed_interval(ax, seeds, values, bars: dict[str, float], *, ylabel: str, log: bool = False):
+    """One number per seed (dots), their mean ± 2 standard errors (the interval a
+    seed-spread verdict judges: attention_dynamics.claims.seed_ladder) and the verdict's
+    bars as dashed lines labelled by ``bars`` (label -> value)."""
+    values = np.asarray(values, dtype=float)
+    x = np.arange(len(values))
+    ax.plot(x, values, "o", color="C0", label="one run per seed")
+    if len(values) > 1:
+        se = values.std(ddof=1) / np.sqrt(len(values))
+        ax.errorbar([len(values)], [values.mean()], yerr=[2 * se], fmt="s", color="C1", capsize=4,
+                    label="mean ± 2 se")
+    for i, (label, y) in enumerate(bars.items()):
+        ax.axhline(y, color="gray", ls=["--", ":"][i % 2], lw=1, label=label)
+    ax.set_xticks(list(x) + ([len(values)] if len(values) > 1 else []),
+                  [f"seed {s}" for s in seeds] + (["mean"] if len(values) > 1 else []))
+    ax.set(ylabel=ylabel, yscale="log" if log else "linear")
+    ax.legend(fontsize=8)
+    return ax
 
 
 def _inline_in_kernel() -> None:
