@@ -174,15 +174,25 @@ def test_a_chapter_that_did_not_run_is_not_judged():
 def test_the_seed_ladder_judges_the_interval_not_the_mean():
     from attention_dynamics.claims import seed_ladder
 
-    # lower is better, bars 0.01 (holds) and 0.02 (partly)
+    # lower is better, bars 0.01 (holds) and 0.02 (partly); three seeds: mean ± 4.30 se
     assert seed_ladder([0.004, 0.005, 0.006], 0.01, 0.02, higher_is_better=False).verdict == HOLDS
     assert seed_ladder([0.013, 0.014, 0.015], 0.01, 0.02, higher_is_better=False).verdict == PARTLY
     assert seed_ladder([0.05, 0.04, 0.06], 0.01, 0.02, higher_is_better=False).verdict == FAILS
     # a mean below the bar whose interval reaches above it: not "holds"
     wide = seed_ladder([0.002, 0.005, 0.017], 0.01, 0.02, higher_is_better=False)
-    assert wide.verdict == INCONCLUSIVE and wide.value < 0.01 and "straddles" in wide.why
+    assert wide.verdict == INCONCLUSIVE and wide.value < 0.01 and "across a bar" in wide.why
+    # the width is the t quantile's: mean 0.007, se 0.001; 2 se clears 0.01, 4.30 se does not
+    t_width = seed_ladder([0.007 - 0.001 * 3**0.5, 0.007, 0.007 + 0.001 * 3**0.5], 0.01, 0.02,
+                          higher_is_better=False)
+    assert t_width.se == pytest.approx(0.001) and t_width.verdict == INCONCLUSIVE
     one = seed_ladder([0.004], 0.01, 0.02, higher_is_better=False)
     assert one.verdict == INCONCLUSIVE and one.n == 1
+    two = seed_ladder([0.004, 0.0045], 0.01, 0.02, higher_is_better=False)  # 12.7 se with two seeds
+    assert two.verdict == HOLDS and seed_ladder([0.004, 0.006], 0.01, 0.02, higher_is_better=False).verdict == INCONCLUSIVE
+    diverged = seed_ladder([0.004, float("nan"), 0.005], 0.01, 0.02, higher_is_better=False)
+    assert diverged.verdict == INCONCLUSIVE and "not finite" in diverged.why
+    with pytest.raises(ValueError, match="holds bar 0.02 must be at least as good as the partly bar 0.01"):
+        seed_ladder([0.004, 0.005], 0.02, 0.01, higher_is_better=False)
     # higher is better, bars 0.8 and 0.5
     assert seed_ladder([0.85, 0.9, 0.88], 0.8, 0.5).verdict == HOLDS
     assert seed_ladder([0.6, 0.62, 0.61], 0.8, 0.5).verdict == PARTLY

@@ -1,5 +1,6 @@
 """The record comparison tool: it must say "the same" for the same records and report a moved
-value, a moved claim and a flipped verdict, each where it is."""
+value, a moved claim, a flipped verdict, a missing chapter and a record today's rules cannot
+read, each where it is."""
 from __future__ import annotations
 
 import copy
@@ -11,70 +12,94 @@ import pytest
 
 from attention_dynamics.book.compare import compare, compare_folders, is_timing, main
 from attention_dynamics.book.scorecard import read_records
+from attention_dynamics.claims import CLAIMS
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER = ROOT / "results" / "paper"
 
 
-@pytest.fixture(scope="module")
-def records():
-    return read_records(PAPER)
+def calibration(per_seed, **more) -> dict:
+    """A wind-tunnel calibration record holding what r8_calibration reads."""
+    return {"values": {"mae_bits_per_seed": list(per_seed), "mae_bits": per_seed[0], **more},
+            "provenance": {"profile": "paper", "parameters": {}, "paths": {"causal_attention": "torch"}}}
 
 
-def test_the_same_records_compare_as_the_same(records):
+def test_the_committed_records_compare_as_the_same():
+    records = read_records(PAPER)
     result = compare(records, copy.deepcopy(records))
-    assert not result.failed and result.moved == [] and result.n_values > 500
-    from attention_dynamics.claims import CLAIMS
-
+    assert not result.failed and result.moved == [] and result.n_values > 500 and result.provenance == []
     assert len(result.claims) == sum(1 for c in CLAIMS if c.chapter in records) > 30
     assert result.lines()[-1] == "verdict: the same claims"
 
 
-def test_a_claim_that_moves_beyond_its_tolerance_and_flips_is_reported(records):
-    import numpy as np
-
-    new = copy.deepcopy(records)
-    old = records["wt_calibration"]["values"]["mae_bits_per_seed"]
-    new["wt_calibration"]["values"]["mae_bits_per_seed"] = [0.05, 0.06, 0.055]  # far beyond 0.02
-    result = compare(records, new)
+def test_a_claim_that_moves_beyond_its_tolerance_and_flips_is_reported():
+    old = {"wt_calibration": calibration([0.004, 0.005, 0.006])}
+    new = {"wt_calibration": calibration([0.05, 0.06, 0.055])}
+    result = compare(old, new)
     (change,) = [c for c in result.claims if c.fails]
     assert change.key == "r8_calibration" and change.beyond_tolerance and change.verdict_changed
-    assert change.delta == pytest.approx(abs(0.055 - float(np.mean(old))))
+    assert change.delta == pytest.approx(0.055 - 0.005)
     assert result.failed and any(line.startswith("CLAIM r8_calibration") for line in result.lines())
-    assert {(m.chapter, m.key) for m in result.moved} == {("wt_calibration", f"mae_bits_per_seed[{i}]") for i in range(3)}
+    assert {m.key for m in result.moved} == {"mae_bits", "mae_bits_per_seed[0]", "mae_bits_per_seed[1]",
+                                             "mae_bits_per_seed[2]"}
 
 
-def test_a_move_within_tolerance_is_listed_but_not_failed(records):
-    new = copy.deepcopy(records)
-    v = new["wt_calibration"]["values"]
-    v["mae_bits_per_seed"] = [x + 1e-9 for x in v["mae_bits_per_seed"]]  # far within the tolerance, 0.002
-    result = compare(records, new)
-    assert not result.failed
+def test_a_move_within_tolerance_is_listed_but_not_failed():
+    old = {"wt_calibration": calibration([0.004, 0.005, 0.006])}
+    new = {"wt_calibration": calibration([0.0045, 0.0055, 0.0065])}  # the mean moves 0.0005; tolerance 0.002
+    result = compare(old, new)
     (c,) = [c for c in result.claims if c.old != c.new]
-    assert c.key == "r8_calibration" and not c.fails
+    assert c.key == "r8_calibration" and not c.fails and not result.failed and c.delta == pytest.approx(0.0005)
 
 
-def test_timings_and_nested_values_are_told_apart(records):
-    new = copy.deepcopy(records)
-    new["sticky_chain_speed"]["values"]["fast_ms_per_run_step"] *= 2
-    name, value = next((k, v) for k, v in new["sticky_chain"]["values"].items()
-                       if isinstance(v, list) and v and isinstance(v[0], float))
-    value[0] += 1.0
-    result = compare(records, new)
-    keys = {(m.key, m.timing) for m in result.moved}
-    assert ("fast_ms_per_run_step", True) in keys and (f"{name}[0]", False) in keys
+def test_a_mean_over_seeds_may_move_by_two_standard_errors_of_the_difference():
+    import numpy as np
+
+    wide_old, wide_new = [0.002, 0.009, 0.016], [0.006, 0.013, 0.020]  # se 0.004 each; the mean moves 0.004
+    result = compare({"wt_calibration": calibration(wide_old)}, {"wt_calibration": calibration(wide_new)})
+    (c,) = [c for c in result.claims if c.key == "r8_calibration"]
+    se = np.std(wide_old, ddof=1) / 3**0.5
+    assert c.tolerance == pytest.approx(2 * (2 * se**2) ** 0.5) and c.tolerance > 0.002 and c.delta == pytest.approx(0.004)
+    assert not c.beyond_tolerance
+
+
+def test_a_missing_chapter_and_an_unreadable_record_fail():
+    old = {"wt_calibration": calibration([0.004, 0.005, 0.006]), "value_law": {"values": {}}}
+    result = compare(old, {"wt_calibration": calibration([0.004, 0.005, 0.006])})
+    assert result.failed and result.only_old == ["value_law"]
+    assert any(line.startswith("MISSING from the new set: value_law") for line in result.lines())
+    stale = {"wt_calibration": {"values": {"mae_bits": 0.0048}}}  # written before the rule read seeds
+    result = compare(stale, {"wt_calibration": calibration([0.004, 0.005, 0.006])})
+    (c,) = [c for c in result.claims if c.fails]
+    assert c.key == "r8_calibration" and "cannot read the old record" in c.unreadable
+
+
+def test_changes_of_kind_and_timings_are_told_apart():
+    old = {"wt_calibration": calibration([0.004, 0.005, 0.006], seconds=10.0, meets_target=True, flag=1,
+                                         reading="a", nested={"a": [1.0, 2.0]})}
+    new = copy.deepcopy(old)
+    v = new["wt_calibration"]["values"]
+    v["seconds"], v["meets_target"], v["flag"], v["reading"] = 20.0, 1, True, "b"
+    v["nested"]["a"][1] = 2.5
+    new["wt_calibration"]["provenance"]["paths"] = {"causal_attention": "kernel (native)"}
+    result = compare(old, new)
+    moved = {m.key: m for m in result.moved}
+    assert set(moved) == {"seconds", "meets_target", "flag", "reading", "nested.a[1]"}  # True is not 1
+    assert moved["seconds"].timing and not moved["nested.a[1]"].timing
+    lines = result.lines()
+    values_listed = [line for line in lines if line.startswith("  wt_calibration.")]
+    assert values_listed[-1].startswith("  wt_calibration.nested.a[1]")  # numbers last, changes of kind first
+    assert any("made differently: wt_calibration paths" in line for line in lines) and not result.failed
     assert is_timing("seconds_per_seed") and is_timing("ms_per_step") and not is_timing("speedup")
 
 
 def test_the_command_line_exits_by_the_claims(tmp_path, capsys):
     a, b = tmp_path / "a", tmp_path / "b"
-    shutil.copytree(PAPER, a)
-    shutil.copytree(PAPER, b)
+    a.mkdir(), b.mkdir()
+    (a / "wt_calibration.json").write_text(json.dumps(calibration([0.004, 0.005, 0.006])))
+    shutil.copy(a / "wt_calibration.json", b / "wt_calibration.json")
     assert main([str(a), str(b)]) == 0
-    path = b / "wt_calibration.json"
-    record = json.loads(path.read_text())
-    record["values"]["mae_bits_per_seed"] = [0.05, 0.06, 0.055]
-    path.write_text(json.dumps(record))
+    (b / "wt_calibration.json").write_text(json.dumps(calibration([0.05, 0.06, 0.055])))
     assert main([str(a), str(b)]) == 1
     assert "CLAIM r8_calibration" in capsys.readouterr().out
     assert main([str(a), str(tmp_path / "missing")]) == 2

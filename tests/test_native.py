@@ -296,3 +296,29 @@ def test_an_artifact_made_through_one_path_is_not_loaded_for_the_other(monkeypat
     other = get()
     assert len(made) == 2 and again["loaded"] and not other["loaded"] and first["key"] != other["key"]
     assert first["paths"] == dict.fromkeys(native.KERNELS, "torch")
+
+
+@needs_cc
+def test_an_artifact_made_through_an_unplanned_path_is_not_stored(monkeypatch, fresh_kernels):
+    """A kernel planned but not built (here a compiler that builds nothing) leaves the run
+    to PyTorch: the result is returned but not stored under the kernel's key."""
+    from attention_dynamics.artifacts import stored
+    from attention_dynamics.transformer import causal_attention
+
+    monkeypatch.setenv("ATTENTION_DYNAMICS_ARTIFACTS", str(fresh_kernels / "store"))
+    monkeypatch.setenv("CC", _rejecting_compiler(fresh_kernels, "-O3"))
+    monkeypatch.setenv("ATTENTION_DYNAMICS_NATIVE", "1")
+    q = torch.randn(1, 2, 9, 8)
+    payload, prov = stored("probe", {"n": 1}, lambda: {"o": causal_attention(q, q, q)},
+                           modules=["attention_dynamics.artifacts"])
+    assert prov["paths"]["causal_attention"] == "kernel" and prov["paths_taken"] == {"causal_attention": "torch"}
+    assert prov["path"] is None and not list((fresh_kernels / "store").glob("probe-*.pt"))
+    assert native.paths_taken() == {"causal_attention": "torch"}  # the process still knows
+
+
+def test_a_compiler_named_in_cc_that_is_not_there_counts_as_none(monkeypatch, fresh_kernels):
+    monkeypatch.setenv("CC", str(fresh_kernels / "no-such-cc"))
+    monkeypatch.setenv("ATTENTION_DYNAMICS_NATIVE", "1")
+    assert native.planned_paths() == dict.fromkeys(native.KERNELS, "torch")
+    with pytest.raises(native.NativeUnavailable, match=r"\$CC = .*no-such-cc.* is not a program here"):
+        native.causal_attention_kernel(8)

@@ -196,7 +196,10 @@ def head_error_bounds(p: dict, x: torch.Tensor, y: torch.Tensor) -> dict[str, to
     future = torch.ones(T, T, dtype=torch.bool).triu(1)
     s_abs = (q_abs @ k_abs.transpose(1, 2) * scale).masked_fill(future, 0)
     alpha, logp = dense_causal_forward(W, x)
-    e_a = 2 * gamma(d_x + d_k) * s_abs.amax((1, 2)) + 8 * U32  # (R,) relative, of a weight
+    S = s_abs.amax((1, 2))
+    # two scores, the T-term sum under the log, exp and log (4 ulp each, log's of log T at
+    # most), the roundings of max + log and of s - lse
+    e_a = 2 * gamma(d_x + d_k) * S + gamma(T) + (10 + 6 * math.log(T) + 3 * S) * U32  # (R,) relative
     z_abs = alpha @ zv_abs
     e_z = (e_a + gamma(T) + gamma(d_x + d_v + C))[:, None] * z_abs.amax(-1)  # (R, T) absolute
     e_p = 2 * e_z.amax(-1) + 8 * U32  # (R,) relative, of a probability
@@ -271,6 +274,37 @@ def test_the_kernels_bounds_reject_a_planted_error(name, factor):
         grads[name] = grads[name] * factor
     shares = _head_violations(p, seq, (loss, grads, stats), ref)
     assert shares[name] > 1 and max(v for k, v in shares.items() if k != name) == 0
+
+
+def _buggy_head(p64, x, y, bug: str):
+    """Loss, gradients and statistics of the head with a realistic kernel bug, in float64:
+    "peek", each query also sees the next key (an off-by-one causal mask); "uncentred", the
+    routing gradient without its centring term (ds = alpha b instead of alpha (b - E b))."""
+    leaves = {n: t.clone().requires_grad_() for n, t in p64.items()}
+    T = x.shape[1]
+    s = (x @ leaves["W_Q"]) @ (x @ leaves["W_K"]).transpose(1, 2) / math.sqrt(p64["W_Q"].shape[-1])
+    mask = torch.ones(T, T, dtype=torch.bool).triu(2 if bug == "peek" else 1)
+    alpha = torch.softmax(s.masked_fill(mask, float("-inf")), -1)
+    if bug == "uncentred":  # through the scores, alpha's Jacobian without its rank-one part
+        a0 = alpha.detach()
+        alpha = a0 + a0 * (s - s.detach())
+    logits = alpha @ (x @ leaves["W_V"]) @ leaves["W_O"]
+    loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), y, reduction="none").mean(-1)
+    grads = dict(zip(leaves, torch.autograd.grad(loss.sum(), list(leaves.values()))))
+    return loss.detach(), grads
+
+
+@pytest.mark.parametrize("bug,caught", [("peek", ("loss", "W_Q", "W_K", "W_V", "W_O")),
+                                        ("uncentred", ("W_Q", "W_K"))])
+def test_the_kernels_bounds_reject_realistic_bugs(bug, caught):
+    """Negative control with bugs a kernel could have, at the protocol's scale (T = 17,
+    d_k = 3): each quantity the bug changes falls outside its float32 bound."""
+    seq, p, ref = _head_case(18, 3, 1)
+    p64 = {n: t.double() for n, t in p.items()}
+    loss, grads = _buggy_head(p64, seq.x.double(), seq.y, bug)
+    got = (loss, dict(ref[1], **grads), ref[2])
+    shares = _head_violations(p, seq, got, ref)
+    assert all(shares[q] > 1 for q in caught), shares
 
 
 @pytest.mark.parametrize("weight_scale", [1, 5])

@@ -144,8 +144,9 @@ def test_the_compiled_causal_attention_is_softmax_attention_and_its_gradient(B, 
     and the gradients of q, k and v, each entry within its float32 error bound (support.gamma):
 
     - a score is a D-term dot product, error gamma_D |q| |k| / sqrt(D); a weight
-      exp(s - lse) carries that of two scores and 4 ulp each of exp and log (libmvec's
-      bound), a relative error e_a;
+      exp(s - lse) carries that of two scores, of the T-term sum under the log, 4 ulp each
+      of exp and log (libmvec's bound) and the roundings of max + log and s - lse: a
+      relative error e_a;
     - o_i = sum_j a_ij v_j (T terms, weights summing to 1): (e_a + gamma_T) |v|;
     - ds_ij = a_ij (dO_i . v_j - dO_i . o_i) / sqrt(D): per unit weight, e_a times
       |dO_i . v_j - delta_i| <= 2 |dO| |v|, two D-term dot products, and the error of o;
@@ -170,7 +171,10 @@ def test_the_compiled_causal_attention_is_softmax_attention_and_its_gradient(B, 
 
     Qn, Kn, Vn, Gn = (float(t.detach().double().norm(dim=-1).max()) for t in (q, k, v, grad_out))
     scale = D ** -0.5
-    e_a = 2 * gamma(D) * Qn * Kn * scale + 8 * U32
+    S = Qn * Kn * scale  # bounds every |score|
+    # two scores; the T-term sum of the softmax; exp (4 ulp), log (4 ulp of log T at most),
+    # and the roundings of max + log and of s - lse
+    e_a = 2 * gamma(D) * S + gamma(T) + (10 + 6 * math.log(T) + 3 * S) * U32
     tol_o = (e_a + gamma(T)) * Vn
     e_ds = (2 * e_a * Gn * Vn + 2 * gamma(D) * Gn * Vn + Gn * tol_o) * scale  # per unit weight
     e_sum = e_ds + gamma(T) * 2 * Gn * Vn * scale  # and the T-term sum over ds

@@ -32,7 +32,7 @@ import torch
 from filelock import FileLock, Timeout
 
 from .machine import cpu_model
-from .native import planned_paths
+from .native import planned_paths, recording
 from .sources import module_closure, module_digest
 
 __all__ = ["artifact_folder", "stored"]
@@ -83,10 +83,16 @@ def stored(kind: str, settings: dict, make: Callable[[], Any], *, modules: list[
                 print(f"{kind}: the stored artifact {path.name} does not load ({type(e).__name__}); "
                       f"making it again", file=sys.stderr, flush=True)
         start = time.perf_counter()
-        payload = make()
+        with recording() as taken:
+            payload = make()
         prov = dict(fields, key=key, seconds=time.perf_counter() - start, cpu=cpu_model(),
-                    threads=torch.get_num_threads(),
+                    threads=torch.get_num_threads(), paths_taken=taken,
                     created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+        unplanned = {n: p for n, p in taken.items() if p.split(" ")[0] != fields["paths"][n]}
+        if unplanned:  # a planned kernel that did not build: stored, it would pass for the kernel's result
+            print(f"{kind}: made through other computation paths than planned ({unplanned}); not stored",
+                  file=sys.stderr, flush=True)
+            return payload, dict(prov, loaded=False, path=None)
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
         os.close(fd)
         try:

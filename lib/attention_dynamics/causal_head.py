@@ -82,7 +82,9 @@ def blocked_causal_step(params: dict[str, Tensor], x: Tensor, y: Tensor, *, bloc
     and against autograd)."""
     _check(params, x, y)
     block = check_int("block", block, 1, None)
-    return dispatch("causal_head", native, x.dtype == torch.float32,
+    d_k, C = params["W_Q"].shape[-1], params["W_O"].shape[-1]
+    fits = x.dtype == torch.float32 and C & (C - 1) == 0 and 1 <= d_k <= 64  # what the kernel takes
+    return dispatch("causal_head", native, fits,
                     lambda: _native_step(params, x, y, grads=grads, stats=stats, value_info=value_info),
                     lambda: _torch_step(params, x, y, block=block, grads=grads, stats=stats, value_info=value_info))
 

@@ -21,7 +21,7 @@ import numpy as np
 from .reference import PAPER_I_CALIBRATION_BITS, PAPER_R7_SPEEDUP, SCRIPT_R7, SCRIPT_R7_SUMMARY
 
 __all__ = ["Reading", "Claim", "CLAIMS", "evaluate", "summarize", "summary_markdown", "verdicts", "phrase",
-           "changed_claims", "HOLDS", "PARTLY", "FAILS", "INCONCLUSIVE", "UNMEASURED", "VERDICTS"]
+           "changed_claims", "seed_ladder", "mean_se", "HOLDS", "PARTLY", "FAILS", "INCONCLUSIVE", "UNMEASURED", "VERDICTS"]
 
 HOLDS, PARTLY, FAILS, INCONCLUSIVE, UNMEASURED = (
     "holds", "holds partly", "does not hold", "inconclusive", "not measured")
@@ -63,16 +63,29 @@ def ladder(x: float, holds: float, partly: float, *, higher_is_better: bool = Tr
 
 def seed_ladder(values, holds: float, partly: float, *, higher_is_better: bool = True) -> Reading:
     """A ladder judged on the spread over seeds, so that a rerun whose float32 rounding
-    differs (another processor, the kernels off) moves the mean within its standard error
-    and keeps the verdict: with the interval mean ± 2 se, *holds* if all of it clears the
-    ``holds`` bar, *does not hold* if all of it misses the ``partly`` bar, *holds partly* if
-    all of it lies between the two bars, and *inconclusive* where it straddles a bar or
-    there is a single seed (no spread to judge by)."""
-    m, se, n = mean_se(values)
+    differs (another processor, the kernels off) moves the mean within its interval and
+    keeps the verdict where the seeds can tell: with the 95% t-interval of the mean (mean ±
+    t_{0.975, n-1} se; 4.3 se for three seeds), *holds* if all of it clears the ``holds``
+    bar, *does not hold* if all of it misses the ``partly`` bar, *holds partly* if all of it
+    lies between the two bars, and *inconclusive* where it straddles a bar, where there is
+    a single seed (no spread to judge by) or where a seed's number is not finite (a
+    diverged run). No rule makes two reruns agree always: a mean that sits on a bar comes
+    out inconclusive on most reruns and decisive on about one in twenty."""
+    from scipy.stats import t as student_t
+
+    s = 1 if higher_is_better else -1
+    if s * holds < s * partly:
+        raise ValueError(f"the holds bar {holds} must be at least as good as the partly bar {partly} "
+                         f"({'higher' if higher_is_better else 'lower'} is better)")
+    a = np.asarray(values, dtype=float)
+    if a.size == 0 or not np.isfinite(a).all():
+        return Reading(None, INCONCLUSIVE, n=int(a.size), why="a seed's number is not finite (a diverged run)"
+                       if a.size else "no seeds")
+    m, se, n = mean_se(a)
     if n < 2:
         return Reading(m, INCONCLUSIVE, se, n, why="one seed: no spread to judge by")
-    s = 1 if higher_is_better else -1
-    worst, best = m - s * 2 * se, m + s * 2 * se
+    half = float(student_t.ppf(0.975, n - 1)) * se
+    worst, best = m - s * half, m + s * half
     if s * worst >= s * holds:
         verdict = HOLDS
     elif s * best < s * partly:
@@ -81,8 +94,8 @@ def seed_ladder(values, holds: float, partly: float, *, higher_is_better: bool =
         verdict = PARTLY
     else:
         verdict = INCONCLUSIVE
-    return Reading(m, verdict, se, n, why="" if verdict != INCONCLUSIVE else
-                   f"mean ± 2 se ({min(worst, best):.3g} to {max(worst, best):.3g}) straddles a bar")
+    return Reading(m, verdict, se, n, why=f"95% interval {min(worst, best):.3g} to {max(worst, best):.3g}"
+                   + (", across a bar" if verdict == INCONCLUSIVE else ""))
 
 
 def _seeds(key, holds, partly, **kw):
@@ -380,8 +393,8 @@ CLAIMS: list[Claim] = [
           "above chance (1/8) by 2 se", _deep_generalizes, "{:.3f}", 0.01),
     Claim("r8_calibration", "R8", "predictive entropy vs exact posterior, mean |error| (bits), V = 8 on CPU",
           f"< {PAPER_I_CALIBRATION_BITS} bits (Paper I, V = 20, GPU)", "wt_calibration",
-          "over seeds, mean ± 2 se: holds if all ≤ 0.01, partly if all within 0.01 to 0.02 (the book's CPU "
-          "target), does not hold if all > 0.02, else inconclusive",
+          "the 95% interval of the mean over seeds: holds if all ≤ 0.01, partly if all within 0.01 to 0.02 (the "
+          "book's CPU target), does not hold if all > 0.02, else inconclusive",
           _seeds("mae_bits_per_seed", 0.01, 0.02, higher_is_better=False), "{:.4f}", 0.002),
     Claim("r8_keys", "R8", "key frame: mean |cos| between symbols' keys (mean over heads and layers)",
           "keys become near-orthogonal", "wt_geometry",
@@ -389,8 +402,8 @@ CLAIMS: list[Claim] = [
           _keys, "{:.3f}", 0.02),
     Claim("r8_values", "R8", "|ρ| between the leading value coordinate and posterior entropy (mean over heads and layers)",
           "values lie on a manifold ordered by posterior entropy", "wt_geometry",
-          "over seeds, mean ± 2 se: holds if all ≥ 0.8, partly if all within 0.5 to 0.8, does not hold if all "
-          "< 0.5, else inconclusive (entropy equals position in this task: see the control)",
+          "the 95% interval of the mean over seeds: holds if all ≥ 0.8, partly if all within 0.5 to 0.8, does not "
+          "hold if all < 0.5, else inconclusive (entropy equals position in this task: see the control)",
           _seeds("rho_mean_end_per_seed", 0.8, 0.5), "{:.2f}", 0.05),
     Claim("r8_control", "R8", "the same with the confound removed: keys repeat, |partial ρ| with the position held fixed",
           "the ordering is by posterior entropy, not by position", "wt_geometry", "holds if ≥ 0.5, partly if ≥ 0.2",

@@ -126,16 +126,19 @@ def geometry_panels(steps, measures: list[dict], V: int, L: int):
 
 
 def seed_interval(ax, seeds, values, bars: dict[str, float], *, ylabel: str, log: bool = False):
-    """One number per seed (dots), their mean ± 2 standard errors (the interval a
-    seed-spread verdict judges: attention_dynamics.claims.seed_ladder) and the verdict's
-    bars as dashed lines labelled by ``bars`` (label -> value)."""
+    """One number per seed (dots), the 95% t-interval of their mean (what a seed-spread
+    verdict judges: :func:`attention_dynamics.claims.seed_ladder`) and the verdict's bars as
+    lines labelled by ``bars`` (label -> value)."""
+    from scipy.stats import t as student_t
+
     values = np.asarray(values, dtype=float)
     x = np.arange(len(values))
     ax.plot(x, values, "o", color="C0", label="one run per seed")
     if len(values) > 1:
-        se = values.std(ddof=1) / np.sqrt(len(values))
-        ax.errorbar([len(values)], [values.mean()], yerr=[2 * se], fmt="s", color="C1", capsize=4,
-                    label="mean ± 2 se")
+        half = student_t.ppf(0.975, len(values) - 1) * values.std(ddof=1) / np.sqrt(len(values))
+        lo = max(values.mean() - half, values.min() / 10) if log else values.mean() - half  # a log axis ends at 0
+        ax.errorbar([len(values)], [values.mean()], yerr=[[values.mean() - lo], [half]], fmt="s", color="C1",
+                    capsize=4, label="mean, 95% interval")
     for i, (label, y) in enumerate(bars.items()):
         ax.axhline(y, color="gray", ls=["--", ":"][i % 2], lw=1, label=label)
     ax.set_xticks(list(x) + ([len(values)] if len(values) > 1 else []),

@@ -8,5 +8,7 @@ A reader of the science never needs to open it.
 - ``provenance``: what a record carries about its run, and the footer of every chapter
 - ``records``: the numbers a notebook records (and glues into its text), written atomically
 - ``scorecard``: the page listing every claim of the paper with its computed verdict
+- ``compare``: two sets of records side by side (another machine, the kernels off, a new
+  commit): what moved, by how much, and which claims changed
 - ``build``: the HTML book (Jupyter Book 1.x) and its check for pages that show errors
 """

@@ -16,7 +16,7 @@ import argparse
 import math
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = ["Moved", "ClaimChange", "Comparison", "compare", "compare_folders", "is_timing", "main"]
@@ -62,8 +62,9 @@ class ClaimChange:
     old: str  # as the scorecard prints it, with the verdict
     new: str
     delta: float | None  # |new - old| of the claim's number, where both are numbers
-    tolerance: float | None
+    tolerance: float | None  # the claim's, widened for a mean over seeds (see compare)
     verdict_changed: bool
+    unreadable: str = ""  # why today's rule cannot read one of the two records
 
     @property
     def beyond_tolerance(self) -> bool:
@@ -71,7 +72,7 @@ class ClaimChange:
 
     @property
     def fails(self) -> bool:
-        return self.verdict_changed or self.beyond_tolerance
+        return bool(self.unreadable) or self.verdict_changed or self.beyond_tolerance
 
 
 @dataclass
@@ -83,20 +84,26 @@ class Comparison:
     claims: list[ClaimChange]  # every claim of the shared chapters, changed or not
     n_values: int  # values compared
 
+    provenance: list[str] = field(default_factory=list)  # how the two sets were made, where it differs
+
     @property
     def failed(self) -> bool:
-        return any(c.fails for c in self.claims)
+        return bool(self.only_old) or any(c.fails for c in self.claims)
 
     def lines(self, most: int = 10) -> list[str]:
         """The report: claims first (every one that changed verdict or moved beyond its
         tolerance, then a count of the rest), then the values that moved most."""
         out = [f"compared {len(self.chapters)} chapter(s), {self.n_values} recorded values, "
                f"{len(self.claims)} claims"]
-        if self.only_old or self.only_new:
-            out.append(f"chapters in one set only: old {self.only_old or '-'}, new {self.only_new or '-'}")
+        if self.only_old:
+            out.append(f"MISSING from the new set: {', '.join(self.only_old)}")
+        if self.only_new:
+            out.append(f"only in the new set: {', '.join(self.only_new)}")
+        out += [f"made differently: {line}" for line in self.provenance]
         bad = [c for c in self.claims if c.fails]
         for c in bad:
-            why = "verdict changed" if c.verdict_changed else f"moved {c.delta:.3g} > tolerance {c.tolerance:g}"
+            why = (c.unreadable if c.unreadable else "verdict changed" if c.verdict_changed
+                   else f"moved {c.delta:.3g} > tolerance {c.tolerance:.3g}")
             out.append(f"CLAIM {c.key} ({c.chapter}): {c.old} -> {c.new}  [{why}]")
         within = [c for c in self.claims if not c.fails and c.old != c.new]
         out.append(f"claims with the same verdict and within tolerance: {len(self.claims) - len(bad)} "
@@ -107,7 +114,8 @@ class Comparison:
         values = [m for m in self.moved if not m.timing]
         timings = [m for m in self.moved if m.timing]
         out.append(f"values that differ: {len(values)} of {self.n_values} (and {len(timings)} timings)")
-        ranked = sorted(values, key=lambda m: (m.rel_diff is None, -(m.rel_diff or 0.0)))
+        # changes of kind first (a key gone, a string, None, a type): they are not rounding
+        ranked = sorted(values, key=lambda m: (m.rel_diff is not None, -(m.rel_diff or 0.0)))
         for m in ranked[:most]:
             if m.rel_diff is None:
                 out.append(f"  {m.chapter}.{m.key}: {_short(m.old)} -> {_short(m.new)}")
@@ -115,7 +123,8 @@ class Comparison:
                 out.append(f"  {m.chapter}.{m.key}: {m.old:.6g} -> {m.new:.6g} (relative {m.rel_diff:.2g})")
         if len(ranked) > most:
             out.append(f"  ... {len(ranked) - most} more")
-        out.append("verdict: " + ("DIFFERENT (a claim changed)" if self.failed else "the same claims"))
+        out.append("verdict: " + ("DIFFERENT (a claim changed, or a chapter is missing)" if self.failed
+                                  else "the same claims"))
         return out
 
 
@@ -142,13 +151,35 @@ def _leaves(value, prefix: str) -> dict[str, object]:
     return {prefix: value}
 
 
+def _same(a, b) -> bool:
+    """Equal and of the same type (True is not 1), None (a non-finite number) equal to None."""
+    return type(a) is type(b) and a == b
+
+
+def _reading(claim, values: dict):
+    """(Reading, None), or (None, why today's rule cannot read these values)."""
+    try:
+        return claim.read(values), None
+    except KeyError as e:
+        return None, f"records no {e}"
+
+
+def _text(claim, r) -> str:
+    from ..claims import _fmt
+
+    return f"{_fmt(claim, r)} ({r.verdict})"
+
+
 def compare(old: dict[str, dict], new: dict[str, dict]) -> Comparison:
     """Compare two record sets (chapter -> record with 'values'), chapter by chapter and key
-    by key, and judge every claim of the chapters both hold."""
-    from ..claims import CLAIMS, evaluate
+    by key, and judge every claim of the chapters both hold by today's rules. A claim's
+    number may move by its tolerance; for a mean over seeds, by two standard errors of the
+    difference of the two means where that is wider (two reruns of the same seeds on
+    different processors are two draws)."""
+    from ..claims import CLAIMS
 
     shared = sorted(set(old) & set(new))
-    moved, n = [], 0
+    moved, n, made = [], 0, []
     for ch in shared:
         a, b = old[ch].get("values", {}), new[ch].get("values", {})
         for key in sorted(set(a) | set(b)):
@@ -157,19 +188,31 @@ def compare(old: dict[str, dict], new: dict[str, dict]) -> Comparison:
             for leaf in sorted(set(la) | set(lb)):
                 n += 1
                 va, vb = la.get(leaf, "<absent>"), lb.get(leaf, "<absent>")
-                if va != vb:
+                if not _same(va, vb):
                     moved.append(Moved(ch, leaf, va, vb))
-    before = {r["key"]: r for r in evaluate({c: old[c] for c in shared})}
-    after = {r["key"]: r for r in evaluate({c: new[c] for c in shared})}
+        pa, pb = old[ch].get("provenance", {}), new[ch].get("provenance", {})
+        for f in ("profile", "parameters", "paths"):
+            if pa.get(f) != pb.get(f):
+                made.append(f"{ch} {f}: {_short(pa.get(f))} -> {_short(pb.get(f))}")
     claims = []
     for c in CLAIMS:
         if c.chapter not in shared:
             continue
-        o, w = before[c.key], after[c.key]
-        delta = abs(float(w["value"]) - float(o["value"])) if _number(o["value"]) and _number(w["value"]) else None
-        claims.append(ClaimChange(c.key, c.chapter, f"{o['ours']} ({o['verdict']})", f"{w['ours']} ({w['verdict']})",
-                                  delta, c.tolerance, o["verdict"] != w["verdict"]))
-    return Comparison(shared, sorted(set(old) - set(new)), sorted(set(new) - set(old)), moved, claims, n)
+        (o, why_o), (w, why_w) = _reading(c, old[c.chapter].get("values", {})), \
+            _reading(c, new[c.chapter].get("values", {}))
+        if o is None or w is None:
+            claims.append(ClaimChange(c.key, c.chapter, _text(c, o) if o else "unreadable",
+                                      _text(c, w) if w else "unreadable", None, c.tolerance, False,
+                                      unreadable=f"today's rule cannot read the {'old' if o is None else 'new'} "
+                                                 f"record: it {why_o or why_w}"))
+            continue
+        delta = abs(float(w.value) - float(o.value)) if _number(o.value) and _number(w.value) else None
+        tolerance = c.tolerance
+        if tolerance is not None and (o.n or 0) > 1 and (w.n or 0) > 1 and o.se is not None and w.se is not None:
+            tolerance = max(tolerance, 2 * math.hypot(o.se, w.se))
+        claims.append(ClaimChange(c.key, c.chapter, _text(c, o), _text(c, w), delta, tolerance,
+                                  o.verdict != w.verdict))
+    return Comparison(shared, sorted(set(old) - set(new)), sorted(set(new) - set(old)), moved, claims, n, made)
 
 
 def compare_folders(old: Path, new: Path) -> Comparison:

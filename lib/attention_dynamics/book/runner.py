@@ -180,8 +180,10 @@ def _same_paths(taken: dict) -> bool:
     machine, does not cover them)."""
     from ..native import planned_paths
 
+    if not isinstance(taken, dict):  # a record from before paths were recorded
+        return False
     planned = planned_paths()
-    return all(planned.get(name) == path.split(" ")[0] for name, path in taken.items())
+    return all(planned.get(name) == str(path).split(" ")[0] for name, path in taken.items())
 
 
 def _file_digest(path: Path) -> str:
@@ -207,7 +209,7 @@ def cached_result(job: Job, key: str) -> tuple[JobResult | None, str]:
             return None, ""  # changed since: the ordinary reason to run, nothing to report
         if prov.get("output_sha256") != _file_digest(job.output):
             return None, "its executed notebook does not match the record (damaged or edited)"
-        if not _same_paths(prov.get("paths", {})):
+        if not _same_paths(prov.get("paths")):
             return None, "it ran through other computation paths than this machine takes now (kernels or PyTorch)"
     except (OSError, UnicodeDecodeError, ValueError) as e:
         return None, f"its record cannot be read ({type(e).__name__})"
@@ -403,7 +405,10 @@ def publish_paper_records(root: Path, results: list[JobResult]) -> list[str]:
     lines = [f"paper records of {len(after)} chapter(s) written to {RESULTS}/"]
     if before:
         lines += ["against the records there before (python -m attention_dynamics.book.compare):"]
-        lines += compare({k: v for k, v in before.items() if k in after}, after).lines()
+        try:
+            lines += compare({k: v for k, v in before.items() if k in after}, after).lines()
+        except Exception as e:  # the records are written; a failed comparison must not hide that
+            lines += [f"the comparison failed: {type(e).__name__}: {e}"]
     return lines
 
 

@@ -17,7 +17,9 @@ Whether a kernel is the default path is decided per processor from committed mea
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import functools
 import hashlib
 import json
 import os
@@ -35,7 +37,7 @@ from ..machine import cpu_info, cpu_model, processor_key
 
 __all__ = ["causal_head_kernel", "causal_attention_kernel", "selective_scan_kernel", "NativeUnavailable",
            "in_threads", "transposed_padded", "KERNELS", "chooses", "choice_reason", "planned_paths",
-           "paths_taken", "dispatch", "COMMON_FLAGS", "MARGIN"]
+           "paths_taken", "dispatch", "recording", "COMMON_FLAGS", "MARGIN"]
 
 HERE = Path(__file__).resolve().parent
 # Not -ffast-math: linked into a shared library it turns on flush-to-zero and
@@ -73,8 +75,14 @@ def _setting() -> str:
 
 
 def measurements() -> dict[str, dict[str, dict]]:
-    """kernel -> processor key -> {"ratio": PyTorch time / kernel time, ...}, as committed."""
-    with open(SPEED_FILE, encoding="utf-8") as f:
+    """kernel -> processor key -> {"ratio": PyTorch time / kernel time, ...}, as committed
+    (read once per process: the choice cannot change while a process runs)."""
+    return _read_measurements(SPEED_FILE)
+
+
+@functools.lru_cache(maxsize=None)
+def _read_measurements(path: Path) -> dict[str, dict[str, dict]]:
+    with open(path, encoding="utf-8") as f:
         return json.load(f)
 
 
@@ -108,7 +116,10 @@ def chooses(name: str) -> bool:
 
 
 def _compiler() -> str | None:
-    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    """$CC if it names a program that exists, else cc or gcc on the PATH."""
+    if os.environ.get("CC"):
+        return shutil.which(os.environ["CC"])
+    return shutil.which("cc") or shutil.which("gcc")
 
 
 def planned_paths() -> dict[str, str]:
@@ -139,6 +150,21 @@ def dispatch(name: str, requested: bool | None, fits: bool, kernel: Callable[[],
     return fallback()
 
 
+@contextlib.contextmanager
+def recording():
+    """The default paths taken inside the block, as a dict filled when it ends (what made a
+    stored artifact: :func:`attention_dynamics.artifacts.stored`)."""
+    global _taken
+    outer, _taken, seen = _taken, {}, {}
+    try:
+        yield seen
+    finally:
+        seen.update(_taken)
+        for name, path in _taken.items():
+            outer[name] = _merge(outer.get(name), path)
+        _taken = outer
+
+
 def _merge(before: str | None, now: str) -> str:
     return now if before in (None, now) else "mixed"
 
@@ -163,7 +189,8 @@ def _build(source: Path, defines: dict[str, int]) -> tuple[Path, str]:
     """The library built from ``source``: (its path, the target it was built for)."""
     cc = _compiler()
     if not cc:
-        raise NativeUnavailable("no C compiler found (cc, gcc or $CC)")
+        raise NativeUnavailable(f"no C compiler found ($CC = {os.environ['CC']!r} is not a program here)"
+                                if os.environ.get("CC") else "no C compiler found (cc, gcc or $CC)")
     try:
         version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError) as e:
