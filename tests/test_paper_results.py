@@ -45,9 +45,13 @@ EXPECTED_VERDICTS: dict[str, str] = {
     "r7_em_ahead": "holds",
     "r7_accuracy": "holds",
     "r7_deep": "holds partly",
-    "r8_calibration": "holds",
+    # issue 17: judged on seeds 0, 1, 2 (was seed 0 alone, 0.0048 bits here, 0.0123 on an Intel
+    # Xeon): seeds 1 and 2 end at 0.38 bits, the 95% interval of the mean spans both bars
+    "r8_calibration": "inconclusive",
     "r8_keys": "does not hold",
-    "r8_values": "does not hold",
+    # issue 17: judged on seeds 0, 1, 2 (was seed 0 alone: 0.47 here, 0.52 on the Intel Xeon);
+    # 0.47, 0.32, 0.30: the 95% interval of the mean, 0.14 to 0.59, crosses the 0.5 bar
+    "r8_values": "inconclusive",
     "r8_control": "does not hold",
     "r8_focusing": "holds partly",
     "r8_frame": "inconclusive",
