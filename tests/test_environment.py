@@ -55,3 +55,20 @@ def test_ci_runs_the_readme_test_command(root):
     assert command in readme and "python3 make.py book" in readme
     body = [l.strip() for l in ci.splitlines() if l.strip() and not l.strip().startswith("#")]
     assert body[-1] in (command, f"exec {command}"), body
+
+
+def test_license_citation_and_changelog_agree_with_the_package(root):
+    """One license, one version and one repository address, said the same way everywhere."""
+    import tomllib
+
+    import attention_dynamics
+
+    meta = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    assert meta["license"] == "MIT" and (root / "LICENSE").read_text().startswith("MIT License")
+    cff = yaml.safe_load((root / "CITATION.cff").read_text())
+    assert cff["license"] == meta["license"] and cff["version"] == attention_dynamics.__version__
+    repo = yaml.safe_load((root / "book" / "_config.yml").read_text())["repository"]["url"]
+    assert cff["repository-code"] == repo == meta["urls"]["Repository"]
+    assert meta["urls"]["Changelog"].startswith(repo) and (root / "CHANGELOG.md").is_file()
+    reproduced = [r for r in cff["references"] if "2512.22473" in r.get("journal", "")]
+    assert len(reproduced) == 1 and [a["family-names"] for a in reproduced[0]["authors"]] == ["Agarwal", "Dalal", "Misra"]
