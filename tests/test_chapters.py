@@ -108,7 +108,8 @@ def test_sticky_chain_deep_chapter(quick_runs):
 def test_wt_calibration_chapter(quick_runs):
     v = quick_runs("wt_calibration")["values"]
     assert v["mae_bits"] < v["mae_start_bits"]  # training moves the entropies toward the posterior
-    assert v["n_seeds"] == len(v["mae_bits_per_seed"]) == 2 and v["mae_bits_per_seed"][0] == v["mae_bits"]
+    assert v["n_seeds"] == len(v["mae_bits_per_seed"]) == len(v["query_error_bits_per_seed"]) == 2
+    assert v["mae_bits_per_seed"][0] == v["mae_bits"] and v["query_error_bits_per_seed"][0] == v["query_error_bits"]
     assert isinstance(v["values_calibrated_step"], int)  # the counting positions calibrate within a short run
 
 
