@@ -36,8 +36,13 @@ def test_closed_forms_match_autograd(cfg, seed):
     errors = compare_with_autograd(cfg, seed)
     expected = {"scores", "q", "k", "v", "row_sum", "W_Q", "W_K", "W_V"} | ({"W_O"} if cfg.loss == "cross_entropy" else set())
     assert set(errors) == expected
+    # A quantity that is exactly zero (one key: no routing gradient) keeps only the rounding
+    # of its terms, and a relative error against zero cannot hold: it is judged, as
+    # torch.testing's atol does, against the size of the head's largest gradient, whose
+    # terms it shares (TOL is ~10^4 float64 roundings of it).
+    largest = max((a / r for a, r in errors.values() if r > 0), default=0.0)
     for name, (abs_err, rel_err) in errors.items():
-        assert rel_err <= TOL, f"{name}: relative error {rel_err:.2e} for {cfg}"
+        assert abs_err <= TOL * largest, f"{name}: error {abs_err:.2e}, relative {rel_err:.2e} for {cfg}"
 
 
 def test_comparison_detects_a_wrong_law(monkeypatch):
@@ -130,6 +135,7 @@ def test_cross_attention_head_with_memory_matches_autograd(T, S, d_m, heads, see
     leaves = {n: t.clone().requires_grad_(True) for n, t in p.as_dict().items()}
     loss, *_ = loss_and_gradients(HeadParams(**leaves), x, y, memory=mem)
     loss.backward()
+    largest = max(float(t.grad.abs().max()) for t in leaves.values())  # as above: no relative error against 0
     for n, t in leaves.items():
-        err = (closed[n] - t.grad).abs().max() / t.grad.abs().max().clamp_min(1e-300)
-        assert err <= TOL, (n, float(err))
+        err = float((closed[n] - t.grad).abs().max())
+        assert err <= TOL * largest, (n, err)

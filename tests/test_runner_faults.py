@@ -39,7 +39,7 @@ values = st.recursive(
     lambda children: st.lists(children, max_size=4), max_leaves=10)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300, deadline=None, derandomize=True)
 @given(values)
 def test_every_value_round_trips_through_both_parsers(v):
     text = format_value(v)
