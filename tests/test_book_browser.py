@@ -57,7 +57,7 @@ def browser(tmp_path_factory):
     if found is None:
         pytest.fail("no Chromium with ChromeDriver: `python3 make.py test` installs Debian's chromium and "
                     "chromium-driver as root; elsewhere install them or set CHROME_BIN and CHROMEDRIVER")
-    CHROMIUM, CHROMEDRIVER = found
+    chromium, chromedriver = found
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
