@@ -44,11 +44,12 @@ def attention_through(compiled: bool):
     """Every attention call through the kernel (True) or PyTorch's fused attention (False),
     whatever the choice for this processor."""
     plain = tr.causal_attention
-    return mock.patch.object(tr, "causal_attention", lambda q, k, v, compiled=None, _want=compiled: plain(q, k, v, compiled=_want))
 
+    def through(q, k, v, compiled=None):
+        return plain(q, k, v, compiled=want)
 
-def sdpa_only():
-    return attention_through(False)
+    want = compiled
+    return mock.patch.object(tr, "causal_attention", through)
 
 
 def serial(x, y, steps: int) -> float:
@@ -97,12 +98,12 @@ def main() -> None:
         torch.set_num_threads(threads)
         with attention_through(True):
             res[f"compiled attention, {threads} thread(s)"] = serial(x, y, args.steps)
-        with sdpa_only():
+        with attention_through(False):
             res[f"PyTorch SDPA, {threads} thread(s)"] = serial(x, y, args.steps)
     torch.set_num_threads(1)
     # vmap cannot run the model's data-dependent input checks, nor the kernel's autograd
     # Function: checks off, SDPA
-    with sdpa_only(), mock.patch.object(tr, "check_model_input", lambda *a, **k: None):
+    with attention_through(False), mock.patch.object(tr, "check_model_input", lambda *a, **k: None):
         res["vmap over the 5 seeds (SDPA, gradients only), 1 thread"] = batched(x, y, args.steps)
     print(f"CPU: {cpu_model()}; T = {T}, {SEEDS} seeds, {args.steps} timed steps each")
     base = res["PyTorch SDPA, 1 thread(s)"]
