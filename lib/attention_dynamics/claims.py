@@ -1,9 +1,13 @@
 """The paper's claims, each with the rule that judges it from the numbers a chapter records:
-one row per measured claim, a verdict computed by a stated rule. The same rules write each
-chapter's summary box (:func:`summarize`) and phrase its outcome sentences
-(:func:`verdicts`, :func:`phrase`); the book's scorecard page
-(:mod:`attention_dynamics.book.scorecard`) lists them all. Nothing here is typed by hand but
-the paper's own numbers (:mod:`attention_dynamics.reference`) and the rules.
+one row per measured claim, a verdict computed by a stated rule, and the sentences a chapter
+phrases from those verdicts (:mod:`attention_dynamics.readings`). No chapter imports this module: a chapter
+records numbers, and the book renders its summary box and every sentence that depends on a
+verdict from the record when it is built (:mod:`attention_dynamics.book.render`), so that
+editing a rule re-renders the pages without re-executing a chapter. The scorecard page
+(:mod:`attention_dynamics.book.scorecard`) lists every row in three parts: identities
+checked (exact by construction: a check of the code, never evidence for the paper), the
+paper's claims tested empirically, and results beyond the paper. Nothing here is typed by
+hand but the paper's own numbers (:mod:`attention_dynamics.reference`) and the rules.
 
 Means over seeds are compared by their standard errors (Welch's t-test, or a paired t-test
 for two schedules run on the same seeds), never by the spread across seeds. A claim whose
@@ -13,19 +17,26 @@ profile that does not run the script's protocol) is *not measured*, with the rea
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import numpy as np
 
+from .stats import mean_se
 from .reference import PAPER_I_CALIBRATION_BITS, PAPER_R7_SPEEDUP, SCRIPT_R7, SCRIPT_R7_SUMMARY
 
-__all__ = ["Reading", "Claim", "CLAIMS", "evaluate", "summarize", "summary_markdown", "verdicts", "phrase",
-           "changed_claims", "seed_ladder", "mean_se", "HOLDS", "PARTLY", "FAILS", "INCONCLUSIVE", "UNMEASURED", "VERDICTS"]
+__all__ = ["Reading", "Claim", "CLAIMS", "evaluate", "summary_markdown", "verdicts", "format_reading",
+           "seed_ladder", "mean_se", "HOLDS", "PARTLY", "FAILS", "INCONCLUSIVE", "UNMEASURED",
+           "VERDICTS", "IDENTITY", "PAPER", "BEYOND", "KINDS", "BY_KEY", "IDENTITIES"]
 
 HOLDS, PARTLY, FAILS, INCONCLUSIVE, UNMEASURED = (
     "holds", "holds partly", "does not hold", "inconclusive", "not measured")
 VERDICTS = (HOLDS, PARTLY, FAILS, INCONCLUSIVE, UNMEASURED)
+# What a row is: an identity checked numerically (exact by construction: it checks our code
+# and the algebra, and is never evidence for the paper), the paper's claim tested
+# empirically, or a result beyond the paper (the book's own extension).
+IDENTITY, PAPER, BEYOND = "identity", "paper", "beyond"
+KINDS = (IDENTITY, PAPER, BEYOND)
 
 
 @dataclass(frozen=True)
@@ -52,6 +63,14 @@ class Claim:
     read: Callable[[dict], Reading]  # the rule, in code
     fmt: str = "{:.3g}"
     tolerance: float | None = None  # how far the number may move between two paper builds and stay the same result
+    kind: str = PAPER  # IDENTITY, PAPER or BEYOND
+    # the instrument's positive control, read from the same record: where the claim is true by
+    # construction and the instrument must say so (None: the instrument has none on record)
+    control: Callable[[dict], str] | None = None
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"claim {self.key}: kind must be one of {KINDS}, got {self.kind!r}")
 
 
 # --- rules ---------------------------------------------------------------------------------
@@ -100,13 +119,6 @@ def seed_ladder(values, holds: float, partly: float, *, higher_is_better: bool =
 
 def _seeds(key, holds, partly, **kw):
     return lambda v: seed_ladder(v[key], holds, partly, **kw)
-
-
-def mean_se(values) -> tuple[float, float, int]:
-    """Mean, standard error (sample sd / sqrt n; 0 for one value) and n."""
-    a = np.asarray(values, dtype=float)
-    n = a.size
-    return float(a.mean()), float(a.std(ddof=1) / math.sqrt(n)) if n > 1 else 0.0, n
 
 
 def welch_p(values, ref_mean: float, ref_sd: float, ref_n: int, *, ref_ddof: int = 0) -> float:
@@ -206,6 +218,16 @@ def _r1_in_transformer(v):
     return Reading(f"{rate:.2f} agreement, cosine {cos:.2f}", verdict)
 
 
+FREE_ABOVE_CHANCE = 0.05  # a free-score agreement within this of chance leaves no room to compare against
+
+
+def _head_vs_free(v):
+    head, free = np.asarray(v["weighted_run_per_seed"], float), np.asarray(v["free_weighted_run_per_seed"], float)
+    room = free - 0.5
+    share = np.where(room >= FREE_ABOVE_CHANCE, (head - 0.5) / np.where(room > 0, room, 1.0), np.nan)
+    return seed_ladder(share, 0.8, 0.2)
+
+
 def _slope(v):
     m, se, n = mean_se(v["slopes_sv"])
     return Reading(m, ladder(-abs(m - 2), -0.05, -0.3), se, n)
@@ -276,26 +298,6 @@ def _ablations(v):
     return Reading(text, HOLDS if all(hurt) else PARTLY if any(hurt) else FAILS)
 
 
-def _law_difference(v, arch):
-    """weighted_advantage - weighted_b per seed at the smallest step: mean, se, n."""
-    d = np.asarray(v[f"{arch}_weighted_advantage_per_seed"]) - np.asarray(v[f"{arch}_weighted_b_per_seed"])
-    return mean_se(d)
-
-
-def _attention_law(v):
-    m, se, n = _law_difference(v, "attention")
-    verdict = HOLDS if n >= 2 and m > 2 * se and m > 0.02 else PARTLY if m > 0 else FAILS
-    return Reading(m, verdict, se, n)
-
-
-def _ssm_law(v):
-    m, se, n = _law_difference(v, "ssm")
-    if n < 2:
-        return Reading(m, INCONCLUSIVE, se, n, why="one seed: no spread to judge by")
-    verdict = HOLDS if m > 2 * se and m > 0.02 else FAILS if m < -2 * se and m < -0.02 else INCONCLUSIVE
-    return Reading(m, verdict, se, n)
-
-
 IMPLEMENTS, IN_PART = 0.9, 0.5  # share of the attainable gain over the baseline
 
 
@@ -325,9 +327,12 @@ _S = SCRIPT_R7_SUMMARY
 CLAIMS: list[Claim] = [
     Claim("r1_exact", "R1", "dL/ds: closed form vs autograd, max relative error (float64)", "an exact identity", "routing_law",
           "holds if ≤ 1e-12", at_most("max_rel_error_scores", 1e-12), "{:.1e}", 1e-12),
-    Claim("r1_head", "R1", "sign of Δα vs −sign(advantage) in a trained head, while it specializes",
-          "queries route more to values better than average", "specialization",
-          "holds if ≥ 0.9, partly if ≥ 0.6 (chance: 0.5)", _value("agreement_during", ladder, 0.9, 0.6), "{:.2f}", 0.02),
+    Claim("r1_head", "R1", "a trained head's Δα against −sign(advantage), weighted by α|advantage|, over the whole run "
+          "at the training rate: the share of the above-chance agreement that free scores (an exact R1) reach at the "
+          "same states, (head − ½) / (free − ½), per seed", "queries route more to values better than average",
+          "specialization", "the 95% interval of the mean over seeds: holds if all ≥ 0.8, does not hold if all < 0.2 "
+          "(effect sizes named before the run: 0 is chance, 1 the exact law), holds partly if all between, else "
+          "inconclusive", _head_vs_free, "{:.2f}", 0.05),
     Claim("r1_transformer", "R1", "inside the wind-tunnel transformer: centred Δs vs −∂L/∂s after a plain gradient step, η → 0 "
           "(sign agreement, cosine; mean over heads and layers)", "the routing law drives attention", "wt_laws",
           "holds if agreement ≥ 0.9 and cosine ≥ 0.9; partly if agreement ≥ 0.6 or cosine ≥ 0.5 (chance: 0.5, 0)",
@@ -426,13 +431,17 @@ CLAIMS: list[Claim] = [
     Claim("r9_ssm_reference", "R9", "our selective SSM block vs the reference implementation mambapy, max relative "
           "difference (float64)", "the SSM is Mamba's (S6)", "ssm_routing", "holds if ≤ 1e-12",
           at_most("mambapy_max_rel_error_64", 1e-12), "{:.1e}", 1e-12),
-    Claim("r9_attention_law", "R9", "trained attention, one layer's routing parameters stepped: share of the movement "
-          "of α with −sign(advantage) minus share with −sign(b), η → 0 (mean ± se over seeds)", "advantage-based routing (R1)", "ssm_routing",
-          "holds if above 0.02 and 2 se (n ≥ 2); partly if positive", _attention_law, "{:.3f}", 0.02),
-    Claim("r9_ssm_law", "R9", "trained selective SSM, one layer's routing parameters stepped: share of the movement "
-          "of w with −sign(advantage) minus share with −sign(b), η → 0 (mean ± se over seeds)", "conjectured: advantage-based routing governs SSMs too",
-          "ssm_routing", "holds if above 0.02 and 2 se; does not if below −0.02 and −2 se; otherwise inconclusive",
-          _ssm_law, "{:.3f}", 0.02),
+    Claim("r9_attention_law", "R9", "trained attention: the advantage law's routing step JᵀA against the true step "
+          "Jᵀb in parameter space, |Jᵀ(b − A)| / |Jᵀb|, largest over layers and seeds (float64; rows of α sum to one, "
+          "so the two coincide)", "advantage-based routing (R1)", "ssm_routing", "holds if ≤ 1e-12",
+          at_most("attention_row_mass_ratio_max", 1e-12), "{:.1e}", 1e-12),
+    Claim("r9_ssm_law", "R9", "trained selective SSM: the row-mass channel against the true routing step in parameter "
+          "space, |Jᵀ(b − A)| / |Jᵀb| (0: the advantage law is the routing step), mean over layers, per seed",
+          "conjectured: advantage-based routing governs SSMs too", "ssm_routing",
+          "the 95% interval of the mean over seeds: holds if all ≤ 0.1, does not hold if all > 0.5 (effect sizes "
+          "named before the run: the advantage law's step within 10% of the true step, or off by half of it), "
+          "holds partly if all between, else inconclusive",
+          _seeds("ssm_row_mass_ratio_per_seed", 0.1, 0.5, higher_is_better=False), "{:.2f}", 0.05),
     Claim("r9_accumulation", "R9", "accumulation (Dirichlet die): share of the attainable gain captured over uniform",
           "belief accumulation is an inference primitive", "inference_primitives",
           "holds if both architectures capture ≥ 90%; partly if one does, or both ≥ 50%",
@@ -448,9 +457,26 @@ CLAIMS: list[Claim] = [
 ]
 
 
+# Exact by construction: each checks our code and the algebra (an identity holds for any
+# weights, trained or not), and none is evidence for what training does.
+IDENTITIES = ("r1_exact", "r2_exact", "r3_exact", "r4_slope", "r6_e_step", "r6_hard", "r9_ssm_exact",
+              "r9_ssm_reference", "r9_attention_law")
+CLAIMS = [replace(c, kind=IDENTITY) if c.key in IDENTITIES else c for c in CLAIMS]
+CONTROLS: dict[str, Callable[[dict], str]] = {
+    "r1_head": lambda v: f"free scores at the same states (R1 exact): {np.mean(v['free_weighted_run_per_seed']):.2f} "
+                         "weighted agreement, against ½ by chance",
+    "r9_ssm_law": lambda v: f"attention, where the laws coincide by construction: {v['attention_row_mass_ratio_max']:.0e}",
+}
+CLAIMS = [replace(c, control=CONTROLS[c.key]) if c.key in CONTROLS else c for c in CLAIMS]
+BY_KEY: dict[str, Claim] = {c.key: c for c in CLAIMS}
+if len(BY_KEY) != len(CLAIMS) or not set(IDENTITIES) <= set(BY_KEY):
+    raise RuntimeError("claim keys must be unique, and every identity a claim")
+
+
 # --- reading records -----------------------------------------------------------------------
 
-def _fmt(claim: Claim, r: Reading) -> str:
+def format_reading(claim: Claim, r: Reading) -> str:
+    """How a reading shows in a table: the number in the claim's format, ± its se (n seeds)."""
     if r.value is None:
         return "—"
     if isinstance(r.value, bool):
@@ -469,11 +495,11 @@ def evaluate(records: dict[str, dict]) -> list[dict]:
     """Rows of the scorecard from the chapters' records (chapter -> {'values': ...})."""
     rows = []
     for c in CLAIMS:
-        row = {"key": c.key, "result": c.result, "quantity": c.quantity, "paper": c.paper, "chapter": c.chapter,
-               "rule": c.rule}
+        row = {"key": c.key, "result": c.result, "kind": c.kind, "quantity": c.quantity, "paper": c.paper,
+               "chapter": c.chapter, "rule": c.rule}
         values = records.get(c.chapter, {}).get("values") if c.chapter else {}
         if values is None:
-            row.update(ours="not run", verdict=UNMEASURED, why="the chapter did not run", value=None)
+            row.update(ours="not run", verdict=UNMEASURED, why="the chapter did not run", value=None, control="")
         else:
             try:
                 r = c.read(values)
@@ -481,7 +507,8 @@ def evaluate(records: dict[str, dict]) -> list[dict]:
                 raise KeyError(f"scorecard: chapter '{c.chapter}' records no {e} (needed for {c.result}: {c.quantity})") from None
             if r.verdict not in VERDICTS:
                 raise ValueError(f"scorecard: the rule of {c.result} ({c.quantity}) returned {r.verdict!r}")
-            row.update(ours=_fmt(c, r), verdict=r.verdict, why=r.why, value=r.value)
+            row.update(ours=format_reading(c, r), verdict=r.verdict, why=r.why, value=r.value,
+                       control=c.control(values) if c.control else "")
         rows.append(row)
     return rows
 
@@ -489,6 +516,9 @@ def evaluate(records: dict[str, dict]) -> list[dict]:
 def _cell(text: str) -> str:
     """A table cell: a literal | (as in |cos|) would end the cell."""
     return str(text).replace("|", "\\|")
+
+
+KIND_LABEL = {IDENTITY: "identity", PAPER: "paper", BEYOND: "beyond"}
 
 
 def summary_markdown(chapter: str, values: dict, profile: str) -> str:
@@ -500,12 +530,14 @@ def summary_markdown(chapter: str, values: dict, profile: str) -> str:
         return (f":::{{admonition}} {head}\n:class: note\nNo claim of the paper is judged on this page; "
                 "it measures the book's own implementation.\n:::\n")
     lines = [f":::{{admonition}} {head}", ":class: note", "",
-             "| Claim | Paper | Ours | Verdict |", "|---|---|---|---|"]
+             "| Claim | Kind | Paper | Ours | Verdict |", "|---|---|---|---|---|"]
     for r in rows:
         why = f" ({r['why']})" if r.get("why") else ""
-        lines.append(f"| {r['result']}: {_cell(r['quantity'])} | {_cell(r['paper'])} | {_cell(r['ours'])} | "
-                     f"**{r['verdict']}**{_cell(why)} |")
-    lines += ["", "The rule behind each verdict is on the page {doc}`../scorecard`.", ":::"]
+        lines.append(f"| {r['result']}: {_cell(r['quantity'])} | {KIND_LABEL[r['kind']]} | {_cell(r['paper'])} | "
+                     f"{_cell(r['ours'])} | **{r['verdict']}**{_cell(why)} |")
+    lines += ["", "*Identity*: exact by construction, a check of the code and the algebra, not evidence for "
+              "the paper. *Paper*: the paper's claim, tested empirically. *Beyond*: the book's own "
+              "extension. The rule behind each verdict is on the page {doc}`../scorecard`.", ":::"]
     return "\n".join(lines) + "\n"
 
 
@@ -513,41 +545,3 @@ def verdicts(chapter: str, values: dict) -> dict[str, str]:
     """This chapter's verdicts by claim key: what its computed sentences are phrased from,
     so that the text and the summary box say the same thing."""
     return {r["key"]: r["verdict"] for r in evaluate({chapter: {"values": values}}) if r["chapter"] == chapter}
-
-
-def phrase(verdict: str, *, holds: str, fails: str, partly: str | None = None, inconclusive: str | None = None,
-           unmeasured: str = "not measured in this run") -> str:
-    """The sentence (or clause) a chapter prints for a verdict: the text follows the result."""
-    return {HOLDS: holds, PARTLY: partly if partly is not None else fails, FAILS: fails,
-            INCONCLUSIVE: inconclusive if inconclusive is not None else fails, UNMEASURED: unmeasured}[verdict]
-
-
-def summarize(rec, chapter: str, profile: str) -> str:
-    """Glue this chapter's summary box (as ``summary``, markdown) from its record; the
-    chapter shows it with a ``{glue:md}`` directive at the top."""
-    text = summary_markdown(chapter, rec.values, profile)
-    try:
-        from IPython import get_ipython
-        from IPython.display import Markdown
-        from myst_nb import glue
-    except ImportError:
-        return text
-    if get_ipython() is not None:
-        glue("summary", Markdown(text), display=False)
-    return text
-
-
-def changed_claims(old: dict[str, dict], new: dict[str, dict]) -> list[str]:
-    """The claims whose number moved beyond its tolerance, or whose verdict changed, between
-    two sets of records (chapter -> record): one line each."""
-    before = {(r["result"], r["quantity"]): r for r in evaluate(old)}
-    lines = []
-    for c, r in zip(CLAIMS, evaluate(new)):
-        if c.chapter not in new:
-            continue
-        o = before[(c.result, c.quantity)]
-        moved = (c.tolerance is not None and isinstance(r["value"], (int, float)) and isinstance(o["value"], (int, float))
-                 and abs(r["value"] - o["value"]) > c.tolerance)
-        if moved or r["verdict"] != o["verdict"]:
-            lines.append(f"{c.result} {c.quantity}: {o['ours']} ({o['verdict']}) -> {r['ours']} ({r['verdict']})")
-    return lines

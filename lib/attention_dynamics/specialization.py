@@ -10,10 +10,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .validation import check_int, check_tensor
+from .validation import check_float, check_int, check_tensor
 from .laws import advantage, attention_entropy
 
-__all__ = ["cluster_usage", "value_cluster_shares", "specialization_index", "advantage_sign_agreement",
+__all__ = ["cluster_usage", "value_cluster_shares", "specialization_index", "advantage_sign_agreement", "whole_run_agreement",
            "error_prototypes", "prototype_alignment", "step_size_probe", "SpecializationObserver", "break_symmetry"]
 
 
@@ -111,28 +111,52 @@ class SpecializationObserver:
     """The training callback of the specialization chapter. At every checkpoint: the mean
     attention entropy (nats), the specialization index, the prototype alignment of the
     value steps, and the sign agreement of the training step just taken (from the previous
-    checkpoint, so call it at every step); at ``probe_steps`` the step-size probe; at
+    checkpoint, so call it at every step), plain and weighted, beside the same agreement of
+    the step free scores would take from the same state with the same rate ``lr``
+    (s - lr dL/ds: R1 exact, the most agreement an exact law reaches at that state and
+    rate, the softmax coupling a row's entries); at ``probe_steps`` the step-size probe; at
     ``snapshot_steps`` the attention, the values and the error prototypes."""
 
-    def __init__(self, loss_fn, cluster: Tensor, n_clusters: int, *, probe_steps=(), probe_lrs=(),
+    def __init__(self, loss_fn, cluster: Tensor, n_clusters: int, *, lr: float, probe_steps=(), probe_lrs=(),
                  snapshot_steps=()):
         self.loss_fn, self.cluster, self.K = loss_fn, cluster, n_clusters
+        self.lr = check_float("lr", lr, 0.0, None, low_open=True)
         self.probe_steps, self.probe_lrs, self.snapshot_steps = set(probe_steps), list(probe_lrs), set(snapshot_steps)
-        self._prev: tuple[Tensor, Tensor] | None = None  # alpha and b at the previous step
+        self._prev: tuple[Tensor, Tensor, Tensor] | None = None  # alpha, b and the free-score step's alpha
 
     def __call__(self, step: int, p: dict[str, Tensor], out) -> dict:
         a, b, u = out.info["alpha"][0, 0], out.info["b"][0, 0], out.info["u"][0, 0]
         r = {"entropy": float(attention_entropy(a).mean()), "si": specialization_index(a, self.cluster, self.K),
              "alignment": prototype_alignment(a, u, out.grads["W_V"][0], self.cluster, self.K)}
         if self._prev is not None:
-            a_prev, b_prev = self._prev
+            a_prev, b_prev, a_free = self._prev
             r["step_agreement"], r["step_weighted"], _ = advantage_sign_agreement(a_prev, b_prev, a - a_prev)
-        self._prev = (a.clone(), b.clone())
+            r["free_step_agreement"], r["free_step_weighted"], _ = advantage_sign_agreement(a_prev, b_prev,
+                                                                                           a_free - a_prev)
+        scores, grad_scores = out.info["scores"][0, 0], out.info["grad_scores"][0, 0]
+        self._prev = (a.clone(), b.clone(), torch.softmax(scores - self.lr * grad_scores, -1))
         if step in self.probe_steps:
             r["probe"] = step_size_probe(self.loss_fn, p, out, self.probe_lrs)
         if step in self.snapshot_steps:
             r.update(alpha=a.clone(), values=p["W_V"][0].clone(), prototypes=error_prototypes(u, self.cluster, self.K))
         return r
+
+
+def whole_run_agreement(task, params: dict[str, Tensor], lr: float, n_steps: int) -> dict[str, float]:
+    """Train a head on the cluster task with plain gradient descent at rate ``lr`` for
+    ``n_steps`` and return the sign agreement of every training step with the routing law
+    (the change of alpha against -sign(advantage) at the state it left), averaged over the
+    whole run, plain and weighted by alpha |advantage|, for the head and for free scores
+    stepped from the same states at the same rate (:class:`SpecializationObserver`)."""
+    from .laws import head_loss_fn
+    from .training import SGD, train
+
+    check_float("lr", lr, 0.0, None, low_open=True)
+    loss_fn = head_loss_fn(task.x[None], task.cluster[None], memory=task.memory[None])
+    h = train(params, loss_fn, SGD(lr), n_steps,
+              callback=SpecializationObserver(loss_fn, task.cluster, task.n_clusters, lr=lr))
+    return {key: float(np.nanmean(h.series(key)[1])) for key in
+            ("step_agreement", "step_weighted", "free_step_agreement", "free_step_weighted")}
 
 
 def break_symmetry(task, params: dict[str, Tensor], lr: float, n_steps: int, *, specialized_at: float,

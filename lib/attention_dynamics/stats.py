@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["loglog_slope", "mean_std", "first_true", "first_step_below", "exponential_growth_rate",
+__all__ = ["loglog_slope", "mean_std", "mean_se", "first_true", "first_step_below", "exponential_growth_rate",
            "line_fit", "settle_step"]
 
 
@@ -33,6 +33,15 @@ def mean_std(values, axis=0) -> tuple[np.ndarray, np.ndarray]:
         raise ValueError(f"mean_std needs at least one value along axis {axis}, got shape {a.shape}")
     n = a.shape[axis]
     return a.mean(axis), (a.std(axis, ddof=1) if n > 1 else np.zeros_like(a.mean(axis)))
+
+
+def mean_se(values) -> tuple[float, float, int]:
+    """Mean, standard error (sample sd / sqrt n; 0 for one value) and n of a flat list."""
+    a = np.asarray(values, dtype=float).ravel()
+    if a.size == 0:
+        raise ValueError("mean_se needs at least one value")
+    n = a.size
+    return float(a.mean()), float(a.std(ddof=1) / np.sqrt(n)) if n > 1 else 0.0, n
 
 
 def first_true(condition, *, steps=None, never=None):

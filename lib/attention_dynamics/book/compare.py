@@ -165,9 +165,9 @@ def _reading(claim, values: dict):
 
 
 def _text(claim, r) -> str:
-    from ..claims import _fmt
+    from ..claims import format_reading
 
-    return f"{_fmt(claim, r)} ({r.verdict})"
+    return f"{format_reading(claim, r)} ({r.verdict})"
 
 
 def compare(old: dict[str, dict], new: dict[str, dict]) -> Comparison:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..claims import FAILS, HOLDS, INCONCLUSIVE, PARTLY, UNMEASURED, VERDICTS, _cell, evaluate
+from ..claims import (BEYOND, FAILS, HOLDS, IDENTITY, INCONCLUSIVE, PAPER, PARTLY, UNMEASURED, VERDICTS, _cell,
+                      evaluate)
 
 __all__ = ["render", "write_scorecard", "read_records"]
 
@@ -21,6 +22,18 @@ def _counts(rows) -> str:
             f"{n[UNMEASURED]} not measured")
 
 
+PARTS = (
+    (IDENTITY, "Identities checked",
+     "Exact by construction: a closed form against autograd, or an algebraic fact. Each checks our code and the "
+     "algebra and holds for any weights, trained or not; none is evidence for what training does."),
+    (PAPER, "The paper's claims",
+     "Each claim tested empirically. *Control*: the instrument's positive control on the same record, a case where "
+     "the claim is true by construction and the instrument must say so (— where the instrument has none on record "
+     "yet)."),
+    (BEYOND, "Beyond the paper", "The book's own extensions."),
+)
+
+
 def render(rows: list[dict], profiles: dict[str, str]) -> str:
     prof = sorted(set(profiles.values()))
     lines = [
@@ -30,18 +43,25 @@ def render(rows: list[dict], profiles: dict[str, str]) -> str:
         "from the numbers the chapters record; the verdict follows the rule stated in the row. "
         f"This build used the profile(s) {', '.join(f'`{p}`' for p in prof) or '(none)'}; "
         "at the `quick` profile the runs are short and the verdicts describe short runs.",
-        "",
-        f"**{_counts(rows)}.**",
-        "",
-        "| | Quantity | Paper | Ours | Verdict (rule) | Chapter |",
-        "|---|---|---|---|---|---|",
     ]
-    for r in rows:
-        link = f"{{doc}}`chapters/{r['chapter']}`" if r["chapter"] else "—"
-        why = f"; {r['why']}" if r.get("why") else ""
-        cells = [r["result"], _cell(r["quantity"]), _cell(r["paper"]), _cell(r["ours"]),
-                 f"{ICON[r['verdict']]} ({_cell(r['rule'] + why)})", link]
-        lines.append("| " + " | ".join(cells) + " |")
+    for kind, title, about in PARTS:
+        part = [r for r in rows if r["kind"] == kind]
+        lines += ["", f"## {title}", "", about, ""]
+        if not part:
+            lines.append("None yet.")
+            continue
+        lines += [f"**{_counts(part)}.**", ""]
+        control = kind == PAPER
+        lines += ["| | Quantity | Paper | Ours | Verdict (rule) |" + (" Control |" if control else "") + " Chapter |",
+                  "|---|---|---|---|---|" + ("---|" if control else "") + "---|"]
+        for r in part:
+            link = f"{{doc}}`chapters/{r['chapter']}`" if r["chapter"] else "—"
+            why = f"; {r['why']}" if r.get("why") else ""
+            cells = [r["result"], _cell(r["quantity"]), _cell(r["paper"]), _cell(r["ours"]),
+                     f"{ICON[r['verdict']]} ({_cell(r['rule'] + why)})"]
+            if control:
+                cells.append(_cell(r.get("control") or "—"))
+            lines.append("| " + " | ".join(cells + [link]) + " |")
     lines += ["", "*Ours*: a single measurement, or the mean over seeds ± its standard error (n seeds)."]
     return "\n".join(lines) + "\n"
 

@@ -1,0 +1,120 @@
+"""Verdicts rendered when the book is built, not when a chapter runs: a Sphinx extension
+with a directive and a role that read a chapter's record (``chapters/NAME.json`` beside the
+executed notebook) and judge it by today's rules.
+
+- ```` ```{claims-summary} ```` : the chapter's summary box (:func:`claims.summary_markdown`);
+- ``{reading}`NAME``` : the sentence NAME of the chapter (:mod:`attention_dynamics.readings`).
+
+A chapter records numbers and imports neither the claims nor the sentences, so its cache
+key does not cover them: editing a rule or a sentence re-renders every page (each page
+notes the record, the claims and the sentences as dependencies, which Sphinx rereads when
+they change) and re-executes nothing. A reader who runs a notebook with papermill outside
+the book sees the directive's source; ``python -m attention_dynamics.book.render
+RECORD.json`` prints what the book would show.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+__all__ = ["chapter_record", "summary_text", "reading_text", "setup", "main"]
+
+
+def chapter_record(path: Path) -> tuple[dict, str]:
+    """(values, profile) of a chapter's record, with an error that names the file."""
+    try:
+        record = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no record {path}: run the chapter (python -m attention_dynamics.book) first") from None
+    except ValueError as e:
+        raise ValueError(f"the record {path} is not valid JSON ({e})") from None
+    if not isinstance(record, dict) or not isinstance(record.get("values"), dict):
+        raise ValueError(f"the record {path} has no 'values' mapping")
+    return record["values"], str(record.get("provenance", {}).get("profile", "?"))
+
+
+def summary_text(chapter: str, values: dict, profile: str) -> str:
+    from ..claims import summary_markdown
+
+    return summary_markdown(chapter, values, profile)
+
+
+def reading_text(chapter: str, name: str, values: dict) -> str:
+    from ..readings import sentence
+
+    return sentence(chapter, name.strip(), values)
+
+
+def _sources() -> list[str]:
+    """The files whose edit changes what the directive and the role render."""
+    from .. import claims, readings, reference
+
+    return [str(Path(m.__file__).resolve()) for m in (claims, readings, reference)]
+
+
+def _record_of(env) -> tuple[str, Path]:
+    chapter = Path(env.docname).name
+    return chapter, Path(env.srcdir) / f"{env.docname}.json"
+
+
+def setup(app):
+    from docutils import nodes
+    from docutils.statemachine import StringList
+    from sphinx.util.docutils import SphinxDirective, SphinxRole
+
+    def _load(env):
+        chapter, path = _record_of(env)
+        for dep in [str(path), *_sources()]:
+            env.note_dependency(dep)
+        values, profile = chapter_record(path)
+        return chapter, values, profile
+
+    class ClaimsSummary(SphinxDirective):
+        has_content = False
+
+        def run(self):
+            chapter, values, profile = _load(self.env)
+            text = summary_text(chapter, values, profile)
+            box = nodes.container()
+            self.state.nested_parse(StringList(text.splitlines()), self.content_offset, box)
+            return box.children
+
+    class Reading(SphinxRole):
+        def run(self):
+            chapter, values, _ = _load(self.env)
+            try:
+                return [nodes.Text(reading_text(chapter, self.text, values))], []
+            except KeyError as e:
+                msg = self.inliner.reporter.error(str(e), line=self.lineno)
+                return [self.inliner.problematic(self.rawtext, self.rawtext, msg)], [msg]
+
+    app.add_directive("claims-summary", ClaimsSummary)
+    app.add_role("reading", Reading())
+    return {"parallel_read_safe": True, "parallel_write_safe": True}
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import re
+
+    ap = argparse.ArgumentParser(prog="python -m attention_dynamics.book.render",
+                                 description="Print a chapter's summary box and sentences from its record.")
+    ap.add_argument("record", type=Path, help="NAME.json written beside an executed chapter")
+    args = ap.parse_args(argv)
+    try:
+        values, profile = chapter_record(args.record)
+    except (OSError, ValueError) as e:
+        print(e, file=sys.stderr)
+        return 2
+    chapter = args.record.stem.split("--")[0]
+    print(summary_text(chapter, values, profile))
+    notebook = Path(__file__).resolve().parents[3] / "notebooks" / f"{chapter}.ipynb"
+    names = sorted(set(re.findall(r"\{reading\}`([^`]+)`", notebook.read_text()))) if notebook.is_file() else []
+    for name in names:
+        print(f"{name}: {reading_text(chapter, name, values)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

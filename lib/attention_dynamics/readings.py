@@ -1,0 +1,315 @@
+"""The sentences a chapter phrases from its outcomes, one function per sentence, each a
+function of the chapter's record (its ``values``). A chapter's markdown names a sentence
+with the role ``{reading}`NAME``` and the book fills it in when it is built
+(:mod:`attention_dynamics.book.render`), by the verdicts of :mod:`attention_dynamics.claims`
+and the numbers of the record. No chapter imports this module or the claims: a rule or a
+sentence edited here re-renders the pages and re-executes nothing.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+from .claims import BY_KEY, FAILS, HOLDS, IMPLEMENTS, IN_PART, INCONCLUSIVE, PARTLY, UNMEASURED, implements
+from .reference import SCRIPT_R7
+
+__all__ = ["SENTENCES", "sentence", "verdict_of"]
+
+SENTENCES: dict[str, dict[str, Callable[[dict], str]]] = {}  # chapter -> name -> sentence
+
+
+def verdict_of(key: str, values: dict) -> str:
+    return BY_KEY[key].read(values).verdict
+
+
+def _says(chapter: str, name: str):
+    def register(fn):
+        SENTENCES.setdefault(chapter, {})[name] = fn
+        return fn
+    return register
+
+
+def _by_verdict(chapter: str, name: str, key: str, **texts: str) -> None:
+    """A sentence that is one of several texts, chosen by one claim's verdict (``holds``,
+    ``partly``, ``fails``, ``inconclusive``; a missing text falls back to ``fails``)."""
+    which = {HOLDS: "holds", PARTLY: "partly", FAILS: "fails", INCONCLUSIVE: "inconclusive", UNMEASURED: "unmeasured"}
+
+    def fn(v):
+        verdict = verdict_of(key, v)
+        if verdict == UNMEASURED and "unmeasured" not in texts:
+            return "not measured in this run"
+        return texts.get(which[verdict], texts["fails"]).format(**v)
+    _says(chapter, name)(fn)
+
+
+def sentence(chapter: str, name: str, values: dict) -> str:
+    """The sentence ``name`` of ``chapter``, from the chapter's recorded ``values``."""
+    try:
+        fn = SENTENCES[chapter][name]
+    except KeyError:
+        known = sorted(SENTENCES.get(chapter, {}))
+        raise KeyError(f"chapter '{chapter}' has no sentence '{name}'; it has {known}") from None
+    try:
+        return fn(values)
+    except KeyError as e:
+        raise KeyError(f"sentence '{name}' of chapter '{chapter}' needs {e}, which the record lacks") from None
+
+
+# --- routing_law -----------------------------------------------------------------------------
+
+@_says("routing_law", "error_reading")
+def _(v):
+    if verdict_of("r1_exact", v) == HOLDS and verdict_of("r3_exact", v) == HOLDS:
+        orders = math.log10(1e-12 / max(v["max_rel_error"], 1e-300))
+        return f"rounding error of float64, {orders:.1f} orders of magnitude under the 1e-12 the book asks for"
+    return "above the 1e-12 the book asks for: not rounding"
+
+
+@_says("routing_law", "identity_reading")
+def _(v):
+    if verdict_of("r1_exact", v) == HOLDS and verdict_of("r3_exact", v) == HOLDS:
+        return ("R1 and R3 are identities, not approximations: the whole backward pass of a head, including causal "
+                "and padding masks and several heads, is the advantage-weighted routing signal plus two matrix "
+                "products. An identity checks our code and the algebra; it is not evidence that training behaves "
+                "as the paper says.")
+    return "In this run the closed forms and autograd disagree beyond rounding; R1 and R3 are not confirmed as identities."
+
+
+# --- value_law -------------------------------------------------------------------------------
+
+_by_verdict("value_law", "r2_reading", "r2_exact", holds="rounding error: R2 holds",
+            fails="more than rounding: R2 is not confirmed here")
+_by_verdict("value_law", "slope_reading", "r4_slope", holds="the O(η²) of R4",
+            fails="not the slope 2 of an O(η²) remainder")
+_by_verdict("value_law", "descent_reading", "r4_slope",
+            holds="For small steps, gradient descent on a head lowers the loss by η(‖∂L/∂s‖² + ‖∂L/∂v‖²): the "
+                  "routing law and the value law are the two channels through which a step pays off, and the next "
+                  "chapters follow what each channel does over many steps. This is Taylor's theorem at work, a "
+                  "check of the closed forms, not a finding about training.",
+            fails="In this run the remainder does not shrink like η², so the first-order decrease of R4 is not "
+                  "confirmed with these closed forms.")
+
+
+# --- specialization --------------------------------------------------------------------------
+
+@_says("specialization", "routing_reading")
+def _(v):
+    verdict = verdict_of("r1_head", v)
+    r = BY_KEY["r1_head"].read(v)
+    head, free = v["agreement_run_per_seed"], v["free_agreement_run_per_seed"]
+    m_head, m_free = sum(head) / len(head), sum(free) / len(free)
+    start = (f"Over the whole run and {len(head)} seeds, the head's attention moves with −sign(advantage) on "
+             f"{m_head:.0%} of the entries and free scores, stepped at the same states with the same η, on "
+             f"{m_free:.0%}: ")
+    return start + {
+        HOLDS: "the head follows the routing law as far as an exact R1 can be followed entry by entry.",
+        PARTLY: "the head follows the law well above chance, but short of what free scores reach.",
+        FAILS: "the head's attention does not follow the law entry by entry beyond chance.",
+        INCONCLUSIVE: f"the seeds do not settle how far the head follows the law ({r.why}).",
+    }[verdict]
+
+
+_by_verdict("specialization", "feedback_reading", "r5_symmetry",
+            holds="a constant cost per decade is the signature of a feedback loop that multiplies the difference by "
+                  "a constant factor per step (though any unstable saddle escapes at this cost: the frozen-routing "
+                  "control below is what ties it to the routing–value loop).",
+            partly="the cost per decade is positive, but not every run specializes or the slope is within twice "
+                   "its standard error.",
+            fails="this run does not show the log(1/ε) signature of a feedback loop.")
+
+
+# --- two_timescale_em ------------------------------------------------------------------------
+
+@_says("two_timescale_em", "exact_reading")
+def _(v):
+    exact = verdict_of("r6_e_step", v) == HOLDS and max(v["hard_landing_error"], v["soft_correction_formula_error"]) <= 1e-12
+    return ("All three statements hold to rounding error: they are identities, checks of the algebra." if exact else
+            "Not all three hold to rounding error (1e-12) in this run.")
+
+
+_by_verdict("two_timescale_em", "hard_reading", "r6_hard", holds="the exact correspondence",
+            fails="they part, so the correspondence is not exact in this run")
+
+
+@_says("two_timescale_em", "ratio_reading")
+def _(v):
+    help_ = verdict_of("r6_faster_values", v) == HOLDS
+    one, best, ratio = v["ratio1_steps"], v["best_ratio_steps"], v["best_ratio"]
+    div = v["first_diverging_ratio"]
+    text = (f"Faster values help: the steps to reach {v['loss_threshold']:g} nats fall from {one:.0f} at ratio 1 to "
+            f"{best:.0f} at ratio {ratio:g}, the fastest ratio at which every run reached the threshold without "
+            f"diverging ({one / best:.1f}× fewer steps). " if help_ else
+            f"Faster values do not help clearly here: the best reliable ratio is {ratio:g} ({one:.0f} steps at "
+            f"ratio 1, {best:.0f} at the best). ")
+    text += (f"From ratio {div:g} on some runs diverge (the value step overshoots, as plain gradient descent on the "
+             "values did above once ηN_j > 2). " if div is not None and not math.isnan(div) else
+             "No ratio swept makes a run diverge. ")
+    return text + ("The two-timescale reading holds in this sense: a value rate well above the routing rate is "
+                   "better, up to the stability limit of the value step." if help_ else
+                   "The two-timescale reading is not borne out by this sweep.")
+
+
+# --- sticky_chain ----------------------------------------------------------------------------
+
+@_says("sticky_chain", "seed_reading")
+def _(v):
+    verdict = verdict_of("r7_seed_exact", v)
+    if verdict == UNMEASURED:
+        return ("This run is not the script's protocol (other seeds, steps or length), so there is no "
+                "seed-for-seed comparison; see the paper profile.")
+    gap = BY_KEY["r7_seed_exact"].read(v).value
+    if verdict == HOLDS:
+        same = [int(x) for x in v["reach_steps_per_seed"]] == SCRIPT_R7["reach_steps"]
+        return (f"Our final losses agree with the script's seed for seed to {gap:.1e} nats, "
+                + ("and the steps to reach SGD's level are the same integers. " if same else
+                   "but the steps to reach SGD's level differ. ")
+                + "What is left is float32 rounding: the fast path sums the same products in another order "
+                  "(blocks, closed-form backward) than the script's autograd.")
+    return f"Our final losses differ from the script's by up to {gap:.1e} nats: the runs are not the script's."
+
+
+@_says("sticky_chain", "ahead_reading")
+def _(v):
+    if verdict_of("r7_em_ahead", v) != HOLDS:
+        return "the EM-style schedule is not significantly ahead of SGD in this run"
+    return ("the EM-style schedule is ahead of SGD on every count" if max(v["reach_steps_per_seed"]) < v["n_steps"]
+            else "the EM-style schedule ends below SGD")
+
+
+# --- ssm_routing -----------------------------------------------------------------------------
+
+_by_verdict("ssm_routing", "ssm_exact_reading", "r9_ssm_exact",
+            holds="rounding error of float64: the formulas are the gradient",
+            fails="above 1e-12: the formulas are not exact")
+
+
+# --- inference_primitives --------------------------------------------------------------------
+
+for _name in ("accumulation", "transport", "binding"):
+    for _arch in ("attention", "ssm"):
+        _says("inference_primitives", f"{_name}_{_arch}_reading")(
+            lambda v, key=f"{_name}_{_arch}_share": implements(v[key]))
+
+
+# --- wt_geometry and wt_laws -----------------------------------------------------------------
+
+_by_verdict("wt_geometry", "keys_reading", "r8_keys",
+            holds="near-orthogonal, within a quarter of the way from a simplex to random vectors",
+            partly="more spread out than random vectors, but far from a simplex",
+            fails="no more spread out than random vectors")
+_by_verdict("wt_geometry", "focus_reading", "r8_focusing",
+            holds="below uniform at every position, and further below it, relative to uniform, the more pairs "
+                  "there are to look at",
+            partly="below uniform at every position, but not further below it, relative to uniform, as evidence "
+                   "accumulates",
+            fails="not below uniform at every position")
+_by_verdict("wt_geometry", "control_reading", "r8_control",
+            holds="the ordering is by posterior entropy, not merely by position",
+            partly="part of the ordering survives with the position held fixed",
+            fails="little of the ordering survives once the position is held fixed, so in the main task the "
+                  "coordinate may be tracking the position rather than the entropy")
+_by_verdict("wt_geometry", "frame_reading", "r8_frame", holds="the frame settles first in every comparison",
+            fails="the frame never settles first",
+            inconclusive="the order depends on the seed and the threshold: the comparison is inconclusive")
+_by_verdict("wt_laws", "ablation_reading", "r8_ablations",
+            holds="both channels matter: freezing either the values or the routing at least doubles the "
+                  "calibration error.",
+            partly="one channel matters by this measure (its freezing at least doubles the calibration error), "
+                   "the other does not.",
+            fails="neither freezing doubles the calibration error, so by this measure the function does not depend "
+                  "on either channel alone.")
+
+
+@_says("specialization", "alignment_reading")
+def _(v):
+    a = v["alignment_mean"]  # a cosine: positive leans toward, above 0.5 (60 degrees) points along
+    return "points along" if a > 0.5 else "leans toward" if a > 0 else "does not follow"
+
+
+@_says("specialization", "eta_reading")
+def _(v):
+    # 0.05: one entry in twenty changing sides across a 300-fold range of step sizes
+    return ("which entries move which way is fixed by the first-order direction of the step, not by its size"
+            if v["agreement_eta_range"] < 0.05 else
+            "the step size changes which entries move which way, beyond first order")
+
+
+@_says("specialization", "winner_reading")
+def _(v):
+    n = v["distinct_winner_patterns"]
+    return ("Which value wins which cluster is decided by the initial perturbation, not by the task: the runs show "
+            f"{n} distinct assignments in the table above." if n > 1 else
+            "All runs end with the same assignment of values to clusters.")
+
+
+@_says("two_timescale_em", "soft_reading")
+def _(v):
+    if v["max_residual"] >= 1e-4:  # an iteration still moving by 1e-4 has not settled
+        return "not every iteration has converged"
+    by_sep = sorted((float(s), d) for s, d in v["fixed_point_distance_by_separation"].items())
+    distances = [d for _, d in by_sep]
+    closer = all(b - a <= 1e-12 for a, b in zip(distances, distances[1:]))
+    return ("both converge, to points that draw together as the components separate and the attention becomes all "
+            "but hard" if closer else
+            "both converge, to points that do not draw together steadily as the components separate")
+
+
+@_says("sticky_chain", "attention_reading")
+def _(v):
+    drop = 1 - max(v["attention_entropy_end_sgd"], v["attention_entropy_end_em"]) / v["attention_entropy_uniform"]
+    if drop < 0.05:  # within 5% of uniform: the routing has not moved to speak of
+        return (f"{drop:.1%} below uniform at most. At the protocol's small learning rate the routing has barely "
+                f"moved in {v['n_steps']} steps; what EM-style gains, it gains through the values (R2), which move "
+                "faster. The head is, to first order, an average of the past read through fast-learning values: the "
+                "two-timescale picture, with the slow timescale hardly started.")
+    return f"the routing has moved: the attention is {drop:.0%} below uniform, so the head is no longer an average of the past."
+
+
+_says("inference_primitives", "implements_at")(lambda v: f"{IMPLEMENTS:.0%}")
+_says("inference_primitives", "in_part_at")(lambda v: f"{IN_PART:.0%}")
+
+
+@_says("wt_calibration", "target_reading")
+def _(v):
+    meets = v["mae_bits"] <= 0.02  # the book's CPU target (the r8_calibration rule's partly bar)
+    return f"this run {'meets' if meets else 'misses'} the book's CPU target of 0.02 bits at V = {v['V']}"
+
+
+@_says("wt_calibration", "seeds_reading")
+def _(v):
+    stuck, n = v["n_query_stuck"], v["n_seeds"]
+    return (f"in {stuck} of {n} runs the query position is still off by more than 1 bit after the full budget: the "
+            "value positions calibrate, the retrieval circuit has not formed" if stuck else
+            "every run calibrates the query position to within 1 bit")
+
+
+@_says("wt_calibration", "budget_reading")
+def _(v):
+    q, val = v["query_calibrated_step"], v["values_calibrated_step"]
+    late = isinstance(q, str) or (isinstance(val, int) and q > val)
+    starved = v["big_query_error_bits"] > 0.1  # the 0.1-bit calibration line of the figure
+    return ("The query position calibrates last, and at the larger alphabet it is the position still off after the "
+            "same compute: the retrieval step is what a larger alphabet runs out of time for in a fixed budget."
+            if late and starved else "The query position calibrates last here." if late else
+            "The query position is not the last to calibrate in this run.")
+
+
+_by_verdict("wt_laws", "laws_reading", "r1_transformer",
+            holds="A plain gradient step moves the scores the way the routing law says, entry by entry: the law "
+                  "describes the step, not only the gradient.",
+            partly="A plain gradient step moves the scores partly the way the routing law says: above chance entry "
+                   "by entry, but far from the law itself; the step on a score is the gradient seen through every "
+                   "weight matrix that produces it.",
+            fails="In a multi-layer model the routing law describes the gradient, not the step: the step on a score "
+                  "is the gradient seen through every weight matrix that produces it, and entry by entry that view "
+                  "is close to noise. Whether the laws shape the function is better asked by switching their "
+                  "channels off.")
+
+
+_by_verdict("ssm_routing", "split_reading", "r9_ssm_law",
+            holds="the advantage law is, to within a tenth, the step that moves the SSM's routing.",
+            partly="the advantage law is part of the step that moves the SSM's routing; the row mass, which no "
+                   "baseline touches, carries a sizeable rest.",
+            fails="the step that moves the SSM's routing is not the advantage law's: the row-mass channel, which "
+                  "no baseline touches, is as large as half of it or more.",
+            inconclusive="the seeds do not settle how large the row-mass channel is.")
