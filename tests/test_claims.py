@@ -8,6 +8,7 @@ import pytest
 
 from attention_dynamics.claims import (CLAIMS, FAILS, HOLDS, IDENTITY, INCONCLUSIVE, PARTLY, UNMEASURED, evaluate,
                                        summary_markdown, verdicts)
+from attention_dynamics.claims import NOT_TESTABLE, WITHOUT_CONTROL
 from attention_dynamics.reference import SCRIPT_R7
 
 BY_KEY = {c.key: c for c in CLAIMS}
@@ -42,14 +43,20 @@ CASES = {
     # (head - 1/2) / (free - 1/2) per seed: 0.83, 0.84, 0.85, whose 95% interval (± 4.30 se) just clears 0.8
     "r1_head": ({"weighted_run_per_seed": [0.915, 0.92, 0.925], "free_weighted_run_per_seed": [1.0, 1.0, 1.0]},
                 {"weighted_run_per_seed": [0.52, 0.53, 0.51], "free_weighted_run_per_seed": [0.95, 0.96, 0.94]}),
-    "r1_transformer": ({"sgd_score_sign_agreement": 0.9, "sgd_score_cosine": 0.9},
-                       {"sgd_score_sign_agreement": 0.52, "sgd_score_cosine": 0.1}),
-    "r2_transformer": ({"sgd_value_alignment": 0.9}, {"sgd_value_alignment": 0.2}),
+    "r1_insitu": ({"r1_insitu_max_error": 1e-12}, {"r1_insitu_max_error": 1e-9}),
+    "r2_insitu": ({"r2_insitu_max_error": 1e-12}, {"r2_insitu_max_error": 1e-9}),
+    "r1_kernel": ({"kernel_slope_min": 0.91, "kernel_slope_max": 1.09}, {"kernel_slope_min": 0.02, "kernel_slope_max": 1.0}),
+    # no rule: an observation only, whatever the record
+    "r1_transformer": ({"cos_kernel_g_mean": 0.99, "ceiling_layer0_mean": 1.0},
+                       {"cos_kernel_g_mean": 0.1, "ceiling_layer0_mean": 0.5}),
+    "r2_transformer": ({"cos_kernel_G_values_mean": 0.99}, {"cos_kernel_G_values_mean": 0.1}),
     "r4_slope": ({"slopes_sv": [2.048, 2.049, 2.05]}, {"slopes_sv": [1.0, 1.02, 0.98]}),
     "r5_entropy": ({"entropy_start": 1.0, "entropy_end": 0.7}, {"entropy_start": 1.0, "entropy_end": 1.1}),
     "r5_specialization": ({"si_start": 0.0, "si_end": 0.5}, {"si_start": 0.3, "si_end": 0.35}),
-    "r5_symmetry": ({"steps_per_decade": 20.1, "steps_per_decade_se": 10.0, "n_specialized": 6, "n_symmetric_runs": 6},
-                    {"steps_per_decade": -3.0, "steps_per_decade_se": 1.0, "n_specialized": 6, "n_symmetric_runs": 6}),
+    "r5_symmetry": ({"steps_per_decade": 20.1, "steps_per_decade_se": 10.0, "n_specialized": 6, "n_symmetric_runs": 6,
+                     "n_control_specialized": 2, "n_control_runs": 6},
+                    {"steps_per_decade": -3.0, "steps_per_decade_se": 1.0, "n_specialized": 6, "n_symmetric_runs": 6,
+                     "n_control_specialized": 2, "n_control_runs": 6}),
     "r6_soft": ({"fixed_point_distance_overlapping": 1e-3, "fixed_point_distance_well_separated": 0.0},
                 {"fixed_point_distance_overlapping": 1.0, "fixed_point_distance_well_separated": 0.1}),
     "r6_faster_values": ({"ratio1_steps_per_seed": [300, 310, 290], "best_ratio_steps_per_seed": [199, 201, 200],
@@ -103,6 +110,12 @@ def test_every_rule_has_its_cases():
 @pytest.mark.parametrize("key", sorted(CASES))
 def test_a_false_record_fails_and_a_barely_true_one_holds(key):
     barely, false = CASES[key]
+    if key in WITHOUT_CONTROL or key in ("r1_transformer", "r2_transformer"):
+        # its instrument cannot say yes, or no correct model must pass it: no verdict, and why
+        for values in (barely, false):
+            r = BY_KEY[key].read(values)
+            assert r.verdict == UNMEASURED and r.why in (WITHOUT_CONTROL.get(key), NOT_TESTABLE) and r.value is not None
+        return
     assert verdict(key, barely) == HOLDS, BY_KEY[key].read(barely)
     assert verdict(key, false) == FAILS, BY_KEY[key].read(false)
 
@@ -122,12 +135,20 @@ def test_intermediate_verdicts():
     assert verdict("r9_ssm_law", {"ssm_row_mass_ratio_per_seed": [0.3, 0.31, 0.29]}) == PARTLY
     assert verdict("r9_binding", {"binding_attention_share": 0.95, "binding_ssm_share": 0.2}) == PARTLY
     assert verdict("r8_frame", {"frame_first_count": 4, "precision_first_count": 5, "frame_comparisons": 9}) == INCONCLUSIVE
-    assert verdict("r8_focusing", {"attention_bits_by_position": [0, 1.5, 2.2, 2.7, 3.1],
-                                   "uniform_bits_by_position": [0, 1.58, 2.32, 2.81, 3.17]}) == PARTLY
     assert verdict("r1_head", {"weighted_run_per_seed": [0.75] * 3, "free_weighted_run_per_seed": [0.95] * 3}) == PARTLY
     # free scores at chance leave nothing to compare against: no verdict
     assert verdict("r1_head", {"weighted_run_per_seed": [0.9] * 3, "free_weighted_run_per_seed": [0.52] * 3}) \
         == INCONCLUSIVE
+
+
+def test_the_symmetry_row_needs_its_control():
+    """The log(1/eps) signature with the routing-value loop cut (W_Q, W_K frozen) would be any
+    saddle's escape: if the control specializes as readily, the loop is not shown."""
+    both = {"steps_per_decade": 20.1, "steps_per_decade_se": 1.0, "n_specialized": 6, "n_symmetric_runs": 6,
+            "n_control_specialized": 6, "n_control_runs": 6}
+    assert verdict("r5_symmetry", both) == PARTLY
+    assert verdict("r5_symmetry", {**both, "n_control_specialized": 3}) == PARTLY  # half is not fewer than half
+    assert verdict("r5_symmetry", {**both, "n_control_specialized": 2}) == HOLDS
 
 
 def test_script_comparisons_are_not_measured_off_protocol():

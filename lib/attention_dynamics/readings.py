@@ -37,7 +37,8 @@ def _by_verdict(chapter: str, name: str, key: str, **texts: str) -> None:
     def fn(v):
         verdict = verdict_of(key, v)
         if verdict == UNMEASURED and "unmeasured" not in texts:
-            return "not measured in this run"
+            why = BY_KEY[key].read(v).why  # not measured here, or a verdict withheld: say why
+            return f"({why})" if why else "not measured in this run"
         return texts.get(which[verdict], texts["fails"]).format(**v)
     _says(chapter, name)(fn)
 
@@ -294,16 +295,18 @@ def _(v):
             "The query position is not the last to calibrate in this run.")
 
 
-_by_verdict("wt_laws", "laws_reading", "r1_transformer",
-            holds="A plain gradient step moves the scores the way the routing law says, entry by entry: the law "
-                  "describes the step, not only the gradient.",
-            partly="A plain gradient step moves the scores partly the way the routing law says: above chance entry "
-                   "by entry, but far from the law itself; the step on a score is the gradient seen through every "
-                   "weight matrix that produces it.",
-            fails="In a multi-layer model the routing law describes the gradient, not the step: the step on a score "
-                  "is the gradient seen through every weight matrix that produces it, and entry by entry that view "
-                  "is close to noise. Whether the laws shape the function is better asked by switching their "
-                  "channels off.")
+@_says("wt_laws", "laws_reading")
+def _(v):
+    first = verdict_of("r1_kernel", v) == HOLDS and verdict_of("r1_insitu", v) == HOLDS
+    if not first:
+        return ("The probe does not pass its own check in this run (the identities in situ or the first-order "
+                "behaviour fail), so its numbers are not read.")
+    return (f"Inside the model the laws hold exactly for the gradient, and a small step does what the kernel "
+            f"J Jᵀ makes of them; the kernel lets through a cosine of {v['cos_kernel_g_mean']:.2f} of the routing "
+            f"law (the first layer could reach at most {v['ceiling_layer0_mean']:.2f}) and "
+            f"{v['cos_kernel_G_values_mean']:.2f} of the value law. The entry-by-entry agreements above measure "
+            "the parameterization as much as the law, so the book gives no verdict on them; whether the laws "
+            "shape the function is asked below by switching their channels off.")
 
 
 _by_verdict("ssm_routing", "split_reading", "r9_ssm_law",

@@ -160,15 +160,25 @@ def whole_run_agreement(task, params: dict[str, Tensor], lr: float, n_steps: int
 
 
 def break_symmetry(task, params: dict[str, Tensor], lr: float, n_steps: int, *, specialized_at: float,
-                   every: int = 5) -> dict:
+                   every: int = 5, frozen: tuple[str, ...] = ()) -> dict:
     """Train a head from a (nearly) symmetric start on the cluster task with plain gradient
     descent and follow the spread of its values ||V - mean(V)|| and the specialization index.
     Returns the checkpoint steps, the spread and index along them, the first step with index
     >= ``specialized_at`` (None if never), the final index, which value each cluster ends up
-    using most (``winners``), and the final loss."""
+    using most (``winners``), and the final loss. ``frozen``: parameters held at their start
+    (``("W_Q", "W_K")``: the routing cannot learn, the control that says whether the
+    routing-value loop is what breaks the symmetry)."""
     from .laws import head_loss_fn
     from .stats import first_true
-    from .training import SGD, train
+    from .training import SGD, StepOutput, train
+
+    unknown = sorted(set(frozen) - set(params))
+    if unknown:
+        raise ValueError(f"frozen names {unknown}, which are not parameters; parameters: {sorted(params)}")
+    sgd = SGD(lr)
+
+    def rule(p, out, step):
+        sgd(p, StepOutput(out.loss, {n: g for n, g in out.grads.items() if n not in frozen}, out.info), step)
 
     K = task.n_clusters
 
@@ -178,7 +188,7 @@ def break_symmetry(task, params: dict[str, Tensor], lr: float, n_steps: int, *, 
                 "usage": cluster_usage(alpha, task.cluster, K)}
 
     loss_fn = head_loss_fn(task.x[None], task.cluster[None], memory=task.memory[None])
-    h = train(params, loss_fn, SGD(lr), n_steps, callback=watch, every=every)
+    h = train(params, loss_fn, rule, n_steps, callback=watch, every=every)
     steps, spread = h.series("spread")
     si = np.array(h.series("si")[1])
     return {"steps": steps, "spread": np.array(spread), "si": si,
