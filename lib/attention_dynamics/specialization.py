@@ -147,7 +147,8 @@ def whole_run_agreement(task, params: dict[str, Tensor], lr: float, n_steps: int
     ``n_steps`` and return the sign agreement of every training step with the routing law
     (the change of alpha against -sign(advantage) at the state it left), averaged over the
     whole run, plain and weighted by alpha |advantage|, for the head and for free scores
-    stepped from the same states at the same rate (:class:`SpecializationObserver`)."""
+    stepped from the same states at the same rate (:class:`SpecializationObserver`); and the
+    mean attention entropy (nats) and the specialization index at the start and the end."""
     from .laws import head_loss_fn
     from .training import SGD, train
 
@@ -155,8 +156,12 @@ def whole_run_agreement(task, params: dict[str, Tensor], lr: float, n_steps: int
     loss_fn = head_loss_fn(task.x[None], task.cluster[None], memory=task.memory[None])
     h = train(params, loss_fn, SGD(lr), n_steps,
               callback=SpecializationObserver(loss_fn, task.cluster, task.n_clusters, lr=lr))
-    return {key: float(np.nanmean(h.series(key)[1])) for key in
-            ("step_agreement", "step_weighted", "free_step_agreement", "free_step_weighted")}
+    out = {key: float(np.nanmean(h.series(key)[1])) for key in
+           ("step_agreement", "step_weighted", "free_step_agreement", "free_step_weighted")}
+    for key in ("entropy", "si"):
+        series = h.series(key)[1]
+        out[f"{key}_start"], out[f"{key}_end"] = float(series[0]), float(series[-1])
+    return out
 
 
 def break_symmetry(task, params: dict[str, Tensor], lr: float, n_steps: int, *, specialized_at: float,

@@ -16,6 +16,8 @@ zero, optional clipping, through :func:`attention_dynamics.training.train`.
 """
 from __future__ import annotations
 
+import copy
+
 import contextlib
 import math
 from dataclasses import dataclass
@@ -169,12 +171,19 @@ class Block(nn.Module):
         self.ff = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_ff), nn.GELU(), Dropout(cfg.dropout),
                                 nn.Linear(cfg.d_ff, cfg.d_model), Dropout(cfg.dropout))
 
-    def forward(self, h: Tensor, inspect: bool = False) -> tuple[Tensor, HeadTrace | None]:
+    def forward(self, h: Tensor, inspect: bool = False, weights: Tensor | None = None) -> tuple[Tensor, HeadTrace | None]:
+        """``weights``: attention weights (B, H, T, T) to mix the values with instead of the
+        block's own (the frozen-pattern ablation, :meth:`CausalTransformer.freeze_attention_pattern`)."""
         B, T, D = h.shape
         a = self.ln1(h)
         q, k, v = (m(a).view(B, T, self.n_heads, D // self.n_heads).transpose(1, 2) for m in (self.q, self.k, self.v))
         trace = None
-        if inspect:
+        if weights is not None:
+            o = weights.to(v.dtype) @ v
+            if inspect:
+                att = attend(q, k, v, causal=True)
+                trace = HeadTrace(q, k, v, Attention(att.scores, weights, o, att.scale, att.allowed))
+        elif inspect:
             att = attend(q, k, v, causal=True)
             o = att.output
             trace = HeadTrace(q, k, v, att)
@@ -207,12 +216,30 @@ class CausalTransformer(nn.Module):
             if T > self.cfg.max_len:
                 raise ValueError(f"sequence length {T} exceeds max_len = {self.cfg.max_len}")
             h = h + self.pos(torch.arange(T, device=h.device))
+        patterns = [None] * len(self.blocks)
+        source = self.__dict__.get("_pattern_source")
+        if source is not None:
+            with torch.no_grad():
+                patterns = [tr.attention.weights for tr in source(x, inspect=True)[1]]
         traces = []
-        for block in self.blocks:
-            h, tr = block(h, inspect)
+        for block, pattern in zip(self.blocks, patterns):
+            h, tr = block(h, inspect, pattern)
             if inspect:
                 traces.append(tr)
         return self.out(self.ln_f(h)), traces
+
+    def freeze_attention_pattern(self) -> None:
+        """Routing stops learning, whatever else does: from now on every layer mixes its
+        values with the attention weights that a frozen copy of the model, as it is now,
+        computes on the same input (an ablation of the routing channel, chapter *The laws at
+        work*). Freezing only W_Q and W_K would not do it: the embeddings, positions and
+        LayerNorms that feed them still learn, and re-learn routing through a fixed bilinear
+        form. The query and key maps then receive no gradient. The copy is not a submodule:
+        it is neither trained nor saved with the model's state."""
+        source = copy.deepcopy(self).eval()
+        for p in source.parameters():
+            p.requires_grad_(False)
+        self.__dict__["_pattern_source"] = source
 
 
 def parameter_groups(model: CausalTransformer) -> dict[str, list[str]]:
