@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from attention_dynamics.claims import (CLAIMS, FAILS, HOLDS, IDENTITY, INCONCLUSIVE, PARTLY, UNMEASURED, evaluate,
+from attention_dynamics.claims import (CLAIMS, FAILS, HOLDS, IDENTITY, INCONCLUSIVE, OBSERVED, PARTLY, UNMEASURED, evaluate,
                                        summary_markdown, verdicts)
-from attention_dynamics.claims import NOT_TESTABLE, WITHOUT_CONTROL
+from attention_dynamics.claims import NOT_TESTABLE
 from attention_dynamics.reference import SCRIPT_R7
 
 BY_KEY = {c.key: c for c in CLAIMS}
@@ -41,22 +41,23 @@ CASES = {
     "r6_e_step": ({"e_step_error": 1e-12}, {"e_step_error": 1e-6}),
     "r6_hard": ({"hard_max_gap": 1e-10}, {"hard_max_gap": 1e-3}),
     # (head - 1/2) / (free - 1/2) per seed: 0.83, 0.84, 0.85, whose 95% interval (± 4.30 se) just clears 0.8
-    "r1_head": ({"weighted_run_per_seed": [0.915, 0.92, 0.925], "free_weighted_run_per_seed": [1.0, 1.0, 1.0]},
-                {"weighted_run_per_seed": [0.52, 0.53, 0.51], "free_weighted_run_per_seed": [0.95, 0.96, 0.94]}),
+    # (head - 1/2) / (free - 1/2) per seed: 0.83, 0.84, 0.85, whose 95% interval (± 4.30 se) just clears 0.8
+    "r1_head": ({"moved_run_per_seed": [0.915, 0.92, 0.925], "free_moved_run_per_seed": [1.0, 1.0, 1.0]},
+                {"moved_run_per_seed": [0.52, 0.53, 0.51], "free_moved_run_per_seed": [0.95, 0.96, 0.94]}),
     "r1_insitu": ({"r1_insitu_max_error": 1e-12}, {"r1_insitu_max_error": 1e-9}),
     "r2_insitu": ({"r2_insitu_max_error": 1e-12}, {"r2_insitu_max_error": 1e-9}),
     "r1_kernel": ({"kernel_slope_min": 0.91, "kernel_slope_max": 1.09}, {"kernel_slope_min": 0.02, "kernel_slope_max": 1.0}),
     # no rule: an observation only, whatever the record
-    "r1_transformer": ({"cos_kernel_g_mean": 0.99, "ceiling_layer0_mean": 1.0},
-                       {"cos_kernel_g_mean": 0.1, "ceiling_layer0_mean": 0.5}),
+    "r1_transformer": ({"cos_kernel_g_by_layer": [0.99, 0.98], "ceiling_layer0_mean": 1.0},
+                       {"cos_kernel_g_by_layer": [0.1, 0.2], "ceiling_layer0_mean": 0.5}),
     "r2_transformer": ({"cos_kernel_G_values_mean": 0.99}, {"cos_kernel_G_values_mean": 0.1}),
     "r4_slope": ({"slopes_sv": [2.048, 2.049, 2.05]}, {"slopes_sv": [1.0, 1.02, 0.98]}),
     "r5_entropy": ({"entropy_fall_per_seed": [0.31, 0.315, 0.32]}, {"entropy_fall_per_seed": [-0.1, -0.12, -0.11]}),
     "r5_specialization": ({"si_rise_per_seed": [0.51, 0.515, 0.52]}, {"si_rise_per_seed": [0.05, 0.06, 0.04]}),
     "r5_symmetry": ({"steps_per_decade": 20.1, "steps_per_decade_se": 10.0, "n_specialized": 6, "n_symmetric_runs": 6,
-                     "n_control_specialized": 2, "n_control_runs": 6},
+                     "n_control_reach": 2, "n_control_runs": 6},
                     {"steps_per_decade": -3.0, "steps_per_decade_se": 1.0, "n_specialized": 6, "n_symmetric_runs": 6,
-                     "n_control_specialized": 2, "n_control_runs": 6}),
+                     "n_control_reach": 2, "n_control_runs": 6}),
     "r6_soft": ({"fixed_point_distance_overlapping": 1e-3, "fixed_point_distance_well_separated": 0.0},
                 {"fixed_point_distance_overlapping": 1.0, "fixed_point_distance_well_separated": 0.1}),
     "r6_faster_values": ({"ratio1_steps_per_seed": [300, 310, 290], "best_ratio_steps_per_seed": [199, 201, 200],
@@ -80,27 +81,29 @@ CASES = {
     "r7_deep": ({"test_accuracy_per_seed": [0.34, 0.35, 0.33], "filter_accuracy_per_seed": [0.35, 0.35, 0.35]},
                 {"test_accuracy_per_seed": [0.12, 0.13, 0.125], "filter_accuracy_per_seed": [0.35, 0.35, 0.35]}),
     "beyond_mstep": ({"em_final_per_seed": [1.95, 1.93, 1.96], "mstep_final_per_seed": [1.90, 1.89, 1.90]},
-                     {"em_final_per_seed": [1.95, 1.93, 1.96], "mstep_final_per_seed": [1.96, 1.92, 1.97]}),
+                     {"em_final_per_seed": [1.95, 1.93, 1.96], "mstep_final_per_seed": [1.99, 1.98, 2.0]}),
     "r8_calibration": ({"mae_bits_per_seed": [0.004, 0.005, 0.006]}, {"mae_bits_per_seed": [0.05, 0.04, 0.06]}),
     "r8_calibration_larger_V": ({"big_mae_bits_per_seed": [0.004, 0.005, 0.006]},
                                 {"big_mae_bits_per_seed": [0.25, 0.28, 0.3]}),
     "r8_kl": ({"kl_bits_per_seed": [0.004, 0.005, 0.006]}, {"kl_bits_per_seed": [0.05, 0.04, 0.06]}),
-    "r8_keys": ({"key_cos_end_mean": 0.18, "key_cos_random": 0.3, "key_cos_simplex": 1 / 7},
-                {"key_cos_end_mean": 0.35, "key_cos_random": 0.3, "key_cos_simplex": 1 / 7}),
-    "r8_values": ({"rho_mean_end_per_seed": [0.85, 0.9, 0.88]}, {"rho_mean_end_per_seed": [0.3, 0.35, 0.25]}),
-    "r8_control": ({"rho_partial_control": 0.5}, {"rho_partial_control": 0.1}),
-    "r8_focusing": ({"attention_bits_by_position": [0, 1.4, 1.9, 2.2, 2.3], "uniform_bits_by_position": [0, 1.58, 2.32, 2.81, 3.17]},
-                    {"attention_bits_by_position": [0, 1.7, 2.4, 2.9, 3.2], "uniform_bits_by_position": [0, 1.58, 2.32, 2.81, 3.17]}),
+    "r8_keys": ({"dominance_per_seed": [0.83, 0.84, 0.85]}, {"dominance_per_seed": [0.05, 0.1, 0.08]}),
+    "r8_keys_paper_i": ({"key_abs_cos_over_random_per_seed": [0.2, 0.21, 0.22]},
+                        {"key_abs_cos_over_random_per_seed": [1.1, 1.2, 1.15]}),
+    "r8_values": ({"selectivity_attention_l1_per_seed": [0.53, 0.54, 0.55]},
+                  {"selectivity_attention_l1_per_seed": [0.01, 0.02, 0.0]}),
+    "r8_focusing": ({"focus_per_seed": [0.83, 0.84, 0.85]}, {"focus_per_seed": [0.05, 0.1, 0.08]}),
     "r8_frame": ({"frame_first_count": 9, "precision_first_count": 0, "frame_comparisons": 9},
                  {"frame_first_count": 0, "precision_first_count": 9, "frame_comparisons": 9}),
-    "r8_ablations": ({"mae_baseline_per_seed": [0.01, 0.012, 0.011], "mae_values_frozen_per_seed": [0.03, 0.036, 0.033],
-                      "mae_pattern_frozen_per_seed": [0.021, 0.025, 0.023]},
-                     {"mae_baseline_per_seed": [0.01, 0.012, 0.011], "mae_values_frozen_per_seed": [0.011, 0.0125, 0.0115],
-                      "mae_pattern_frozen_per_seed": [0.0105, 0.012, 0.0112]}),
+    # shares of the gain undone: values 0.6, 0.62, 0.64; pattern 0.55, 0.56, 0.57
+    "r8_ablations": ({"mae_baseline_per_seed": [0.01] * 3, "mae_init_per_seed": [1.01] * 3,
+                      "mae_values_frozen_per_seed": [0.61, 0.63, 0.65], "mae_pattern_frozen_per_seed": [0.56, 0.57, 0.58]},
+                     {"mae_baseline_per_seed": [0.01] * 3, "mae_init_per_seed": [1.01] * 3,
+                      "mae_values_frozen_per_seed": [0.02, 0.03, 0.025], "mae_pattern_frozen_per_seed": [0.05, 0.04, 0.06]}),
     "r9_ssm_exact": ({"ssm_max_rel_error": 1e-12}, {"ssm_max_rel_error": 1e-8}),
     "r9_ssm_reference": ({"mambapy_max_rel_error_64": 1e-12}, {"mambapy_max_rel_error_64": 1e-6}),
     "r9_attention_law": ({"attention_row_mass_ratio_max": 1e-12}, {"attention_row_mass_ratio_max": 1e-3}),
-    "r9_ssm_law": ({"ssm_row_mass_ratio_per_seed": [0.08, 0.085, 0.09]}, {"ssm_row_mass_ratio_per_seed": [0.9, 1.0, 1.1]}),
+    "r9_ssm_law": ({"ssm_row_mass_share_per_seed": [0.006, 0.007, 0.008], "ssm_excluded_share_per_seed": [0.0] * 3},
+                   {"ssm_row_mass_share_per_seed": [0.6, 0.7, 0.65], "ssm_excluded_share_per_seed": [0.0] * 3}),
     "r9_accumulation": ({"accumulation_attention_share": 0.9, "accumulation_ssm_share": 0.95},
                         {"accumulation_attention_share": 0.4, "accumulation_ssm_share": 0.8}),
     "r9_transport": ({"transport_attention_share": 0.91, "transport_ssm_share": 0.9},
@@ -117,11 +120,11 @@ def test_every_rule_has_its_cases():
 @pytest.mark.parametrize("key", sorted(CASES))
 def test_a_false_record_fails_and_a_barely_true_one_holds(key):
     barely, false = CASES[key]
-    if key in WITHOUT_CONTROL or key in ("r1_transformer", "r2_transformer"):
-        # its instrument cannot say yes, or no correct model must pass it: no verdict, and why
+    if key in ("r1_transformer", "r2_transformer"):
+        # no correct model must pass an entry-by-entry test: an observation, and why
         for values in (barely, false):
             r = BY_KEY[key].read(values)
-            assert r.verdict == UNMEASURED and r.why in (WITHOUT_CONTROL.get(key), NOT_TESTABLE) and r.value is not None
+            assert r.verdict == OBSERVED and r.why == NOT_TESTABLE and r.value is not None
         return
     assert verdict(key, barely) == HOLDS, BY_KEY[key].read(barely)
     assert verdict(key, false) == FAILS, BY_KEY[key].read(false)
@@ -136,26 +139,38 @@ def test_the_steps_row_compares_standard_errors_not_spreads():
 
 
 def test_intermediate_verdicts():
-    # the SSM law: an interval across a bar, or one seed, says nothing either way
-    assert verdict("r9_ssm_law", {"ssm_row_mass_ratio_per_seed": [0.05, 0.3, 0.6]}) == INCONCLUSIVE
-    assert verdict("r9_ssm_law", {"ssm_row_mass_ratio_per_seed": [0.01]}) == INCONCLUSIVE
-    assert verdict("r9_ssm_law", {"ssm_row_mass_ratio_per_seed": [0.3, 0.31, 0.29]}) == PARTLY
+    # the SSM law: an interval across a bar, one seed, or too much gradient left out says nothing either way
+    ok = {"ssm_excluded_share_per_seed": [0.0] * 3}
+    assert verdict("r9_ssm_law", {**ok, "ssm_row_mass_share_per_seed": [0.005, 0.1, 0.3]}) == INCONCLUSIVE
+    assert verdict("r9_ssm_law", {**ok, "ssm_row_mass_share_per_seed": [0.001]}) == INCONCLUSIVE
+    assert verdict("r9_ssm_law", {**ok, "ssm_row_mass_share_per_seed": [0.1, 0.11, 0.09]}) == PARTLY
+    assert verdict("r9_ssm_law", {"ssm_excluded_share_per_seed": [0.0, 0.2, 0.0],
+                                  "ssm_row_mass_share_per_seed": [0.001] * 3}) == INCONCLUSIVE
+    # the ablations: a baseline that did not learn leaves nothing to undo
+    assert verdict("r8_ablations", {"mae_baseline_per_seed": [0.5] * 2, "mae_init_per_seed": [0.8] * 2,
+                                    "mae_values_frozen_per_seed": [0.8] * 2, "mae_pattern_frozen_per_seed": [0.8] * 2}) \
+        == INCONCLUSIVE
+    # the M-step variant: a difference the seeds cannot place is no verdict; a tiny one is no effect
+    assert verdict("beyond_mstep", {"em_final_per_seed": [1.95, 1.93, 1.96], "mstep_final_per_seed": [1.90, 1.99, 1.93]}) \
+        == INCONCLUSIVE
+    assert verdict("beyond_mstep", {"em_final_per_seed": [1.95, 1.93, 1.96],
+                                    "mstep_final_per_seed": [1.9502, 1.9301, 1.9599]}) == FAILS
     assert verdict("r9_binding", {"binding_attention_share": 0.95, "binding_ssm_share": 0.2}) == PARTLY
     assert verdict("r8_frame", {"frame_first_count": 4, "precision_first_count": 5, "frame_comparisons": 9}) == INCONCLUSIVE
-    assert verdict("r1_head", {"weighted_run_per_seed": [0.75] * 3, "free_weighted_run_per_seed": [0.95] * 3}) == PARTLY
-    # free scores at chance leave nothing to compare against: no verdict
-    assert verdict("r1_head", {"weighted_run_per_seed": [0.9] * 3, "free_weighted_run_per_seed": [0.52] * 3}) \
-        == INCONCLUSIVE
+    assert verdict("r1_head", {"moved_run_per_seed": [0.75] * 3, "free_moved_run_per_seed": [0.95] * 3}) == PARTLY
+    # free scores at chance leave nothing to compare against: no verdict, and that reason
+    r = BY_KEY["r1_head"].read({"moved_run_per_seed": [0.9] * 3, "free_moved_run_per_seed": [0.52] * 3})
+    assert r.verdict == INCONCLUSIVE and "no room to compare" in r.why
 
 
 def test_the_symmetry_row_needs_its_control():
     """The log(1/eps) signature with the routing-value loop cut (W_Q, W_K frozen) would be any
     saddle's escape: if the control specializes as readily, the loop is not shown."""
     both = {"steps_per_decade": 20.1, "steps_per_decade_se": 1.0, "n_specialized": 6, "n_symmetric_runs": 6,
-            "n_control_specialized": 6, "n_control_runs": 6}
+            "n_control_reach": 6, "n_control_runs": 6}
     assert verdict("r5_symmetry", both) == PARTLY
-    assert verdict("r5_symmetry", {**both, "n_control_specialized": 3}) == PARTLY  # half is not fewer than half
-    assert verdict("r5_symmetry", {**both, "n_control_specialized": 2}) == HOLDS
+    assert verdict("r5_symmetry", {**both, "n_control_reach": 3}) == PARTLY  # half is not fewer than half
+    assert verdict("r5_symmetry", {**both, "n_control_reach": 2}) == HOLDS
 
 
 def test_script_comparisons_are_not_measured_off_protocol():

@@ -273,29 +273,44 @@ def test_an_unreadable_artifact_is_made_again(tmp_path, monkeypatch, capsys):
     assert not [p for p in tmp_path.iterdir() if p.suffix == ".tmp"]
 
 
-def test_a_frozen_attention_pattern_stops_routing_learning_and_frozen_qk_does_not():
-    """The routing ablation must remove routing learning. Positive control: with the pattern
-    frozen, the trained model's attention on held-out sequences is the initial model's,
-    exactly (it is the frozen copy's), while its values have moved. Negative control: freezing
-    W_Q and W_K alone leaves the attention free to change through the embeddings,
-    positions and LayerNorms."""
+@pytest.mark.parametrize("channel, maps", [("pattern", ("q", "k")), ("values", ("v",))])
+def test_a_frozen_channel_stops_learning_and_freezing_its_maps_alone_does_not(channel, maps):
+    """An ablation must switch its channel off. Positive control: with the channel frozen,
+    the maps it replaces no longer matter (perturbing them leaves the logits unchanged, and
+    they receive no gradient), and after training the trained model's attention (or values)
+    on held-out sequences are the initial model's, while the rest has moved. Negative
+    control: freezing the maps alone (W_Q, W_K; or W_V) leaves the channel free to change
+    through the embeddings, positions and LayerNorms."""
     cfg = WindTunnelConfig(V=5, L=4, d_model=16, n_layers=2, n_heads=2, n_steps=60, batch=32, eval_size=32)
-    task, ev = cfg.task, cfg.eval_set()
+    ev = cfg.eval_set()
 
-    def attention(model):
+    def channel_of(model):
         with torch.no_grad():
-            return [tr.attention.weights.clone() for tr in model(ev.tokens, inspect=True)[1]]
+            traces = model(ev.tokens, inspect=True)[1]
+        return [tr.attention.weights.clone() if channel == "pattern" else tr.v.clone() for tr in traces]
 
-    frozen_pattern = cfg.model()
-    start = attention(frozen_pattern)
-    v_start = frozen_pattern.blocks[0].v.weight.detach().clone()
-    frozen_pattern.freeze_attention_pattern()
-    cfg.train(frozen_pattern, progress=False)
-    assert all(torch.equal(a, b) for a, b in zip(attention(frozen_pattern), start))
-    assert not torch.equal(frozen_pattern.blocks[0].v.weight, v_start)
-    assert "_pattern_source" not in "".join(frozen_pattern.state_dict())  # not saved with the model
+    model = cfg.model()
+    start = channel_of(model)
+    other = model.blocks[1].ff[0].weight.detach().clone()
+    model.freeze_channel(channel)
+    with torch.no_grad():
+        before = model(ev.tokens)[0]
+        for name in maps:  # the replaced maps no longer matter
+            getattr(model.blocks[0], name).weight.add_(1.0)
+        assert torch.equal(model(ev.tokens)[0], before)
+        for name in maps:
+            getattr(model.blocks[0], name).weight.sub_(1.0)
+    cfg.train(model, progress=False)
+    assert all(getattr(model.blocks[0], name).weight.grad is None for name in maps)
+    assert all(torch.equal(a, b) for a, b in zip(channel_of(model), start))
+    assert not torch.equal(model.blocks[1].ff[0].weight, other)  # the rest learns
+    assert not any("frozen" in k for k in model.state_dict())  # not saved with the model
+    with pytest.raises(ValueError, match="a channel is frozen already"):
+        model.freeze_channel("values")
+    with pytest.raises(ValueError, match="channel"):
+        cfg.model().freeze_channel("keys")
 
-    frozen_qk = cfg.model()
-    cfg.train(frozen_qk, frozen=("routing",), progress=False)
-    moved = max(float((a - b).abs().max()) for a, b in zip(attention(frozen_qk), start))
-    assert moved > 1e-3  # float32 attention weights move by far more than rounding (1e-7)
+    maps_only = cfg.model()
+    cfg.train(maps_only, frozen=("routing",) if channel == "pattern" else ("values",), progress=False)
+    moved = max(float((a - b).abs().max()) for a, b in zip(channel_of(maps_only), start))
+    assert moved > 1e-3  # float32 weights or values move by far more than rounding (1e-7)

@@ -33,7 +33,6 @@ sequences), noise features about -p/n (p features, n training rows); a perfect c
 """
 from __future__ import annotations
 
-import math
 from typing import Sequence
 
 import numpy as np
@@ -42,7 +41,7 @@ from torch import Tensor
 
 from .tasks.bijection import EvalSet, WindTunnel, supervised_positions
 from .transformer import CausalTransformer, evaluating
-from .validation import check_bool, check_choice, check_float, check_int, check_tensor
+from .validation import check_choice, check_float, check_int, check_tensor
 
 __all__ = ["RIDGE_GRID", "REPRESENTATIONS", "representations", "probe_selectivity", "permuted_control",
            "value_match_entropy", "entropy_selectivity"]
@@ -327,6 +326,8 @@ def probe_selectivity(features: Tensor, target: Tensor, position: Tensor, *, tra
     if overlap:
         raise ValueError(f"train and test must be disjoint sets of sequences; they share {len(overlap)} "
                          f"(e.g. {sorted(overlap)[:5]})")
+    if isinstance(ridge, (np.ndarray, torch.Tensor)):
+        ridge = ridge.tolist() if ridge.ndim == 1 else ridge
     if isinstance(ridge, (str, bytes)) or not isinstance(ridge, Sequence) or len(ridge) == 0:
         raise ValueError(f"ridge must be a non-empty list of penalties > 0 (the cross-validation grid), got {ridge!r}")
     grid = torch.tensor(sorted(check_float(f"ridge[{i}]", r, 0.0, None, low_open=True) for i, r in enumerate(ridge)),

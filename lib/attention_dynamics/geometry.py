@@ -151,7 +151,8 @@ def measure(model, task, ev, *, geometry: bool = True, frame: bool = False) -> d
     """A wind-tunnel model (:mod:`attention_dynamics.windtunnel`) measured on an evaluation
     set (:class:`attention_dynamics.tasks.bijection.EvalSet`): calibration against the exact
     posterior (bits); with ``frame`` (implied by ``geometry``) the frame mass (mean over
-    samples, heads and layers of :func:`frame_mass`); with ``geometry``, per layer:
+    samples, heads and layers of :func:`frame_mass`, and per head as ``frame_mass_heads``,
+    (n_layers, n_heads)); with ``geometry``, per layer:
     value-manifold PC shares and each head's rank correlation of the leading value coordinate
     with the Bayes entropy (and, with repeated keys, with the position held fixed), key
     orthogonality against the random baseline, attention entropy by supervised position
@@ -171,6 +172,7 @@ def measure(model, task, ev, *, geometry: bool = True, frame: bool = False) -> d
         return out
     masses = [frame_mass(tr.attention.weights, ev.tokens, task.L).mean(0) for tr in traces]  # (H,) per layer
     out["frame_mass"] = float(torch.stack(masses).mean())
+    out["frame_mass_heads"] = torch.stack(masses).numpy()  # (n_layers, H): one head can carry the frame
     if not geometry:
         return out
     pos = supervised_positions(task)

@@ -97,25 +97,27 @@ _by_verdict("value_law", "descent_reading", "r4_slope",
 def _(v):
     verdict = verdict_of("r1_head", v)
     r = BY_KEY["r1_head"].read(v)
-    head, free = v["agreement_run_per_seed"], v["free_agreement_run_per_seed"]
+    head, free = v["moved_run_per_seed"], v["free_moved_run_per_seed"]
     m_head, m_free = sum(head) / len(head), sum(free) / len(free)
-    start = (f"Over the whole run and {len(head)} seeds, the head's attention moves with −sign(advantage) on "
-             f"{m_head:.0%} of the entries and free scores, stepped at the same states with the same η, on "
-             f"{m_free:.0%}: ")
+    start = (f"Over the whole run and {len(head)} seeds, {m_head:.0%} of the head's attention movement goes the way "
+             f"−sign(advantage) says, and {m_free:.0%} of the movement free scores would make from the same states: ")
     return start + {
         HOLDS: "the head follows the routing law as far as an exact R1 can be followed entry by entry.",
-        PARTLY: "the head follows the law well above chance, but short of what free scores reach.",
-        FAILS: "the head's attention does not follow the law entry by entry beyond chance.",
+        PARTLY: "the head follows the law well above chance, short of what free scores reach; the rest is what its "
+                "parameterization (the kernel W_Q, W_K put between the law and the scores) does not let through.",
+        FAILS: "the head's attention does not follow the law entry by entry beyond chance; the law acts on the "
+               "scores, and the head's parameterization does not pass it on.",
         INCONCLUSIVE: f"the seeds do not settle how far the head follows the law ({r.why}).",
     }[verdict]
 
 
 _by_verdict("specialization", "feedback_reading", "r5_symmetry",
-            holds="a constant cost per decade is the signature of a feedback loop that multiplies the difference by "
-                  "a constant factor per step (though any unstable saddle escapes at this cost: the frozen-routing "
-                  "control below is what ties it to the routing–value loop).",
-            partly="the cost per decade is positive, but not every run specializes or the slope is within twice "
-                   "its standard error.",
+            holds="a constant cost per decade is the signature of a loop that multiplies the difference by a constant "
+                  "factor per step, and with routing frozen the values do not separate as far in the same budget: "
+                  "the loop runs through the routing.",
+            partly="the cost per decade is positive, but not every run specializes, the slope is within twice its "
+                   "standard error, or the values separate as far with routing frozen (any unstable start escapes "
+                   "at a cost linear in log(1/ε), so the signature alone does not show the routing–value loop).",
             fails="this run does not show the log(1/ε) signature of a feedback loop.")
 
 
@@ -195,31 +197,32 @@ for _name in ("accumulation", "transport", "binding"):
 # --- wt_geometry and wt_laws -----------------------------------------------------------------
 
 _by_verdict("wt_geometry", "keys_reading", "r8_keys",
-            holds="near-orthogonal, within a quarter of the way from a simplex to random vectors",
-            partly="more spread out than random vectors, but far from a simplex",
-            fails="no more spread out than random vectors")
+            holds="the keys form a frame from which the query picks its own pair on nearly every sequence.",
+            partly="the query picks its own pair well above chance, but not on nearly every sequence.",
+            fails="the query's scores do not single out its own pair beyond chance.",
+            inconclusive="the seeds do not settle how firmly the query picks its own pair.")
 _by_verdict("wt_geometry", "focus_reading", "r8_focusing",
-            holds="below uniform at every position, and further below it, relative to uniform, the more pairs "
-                  "there are to look at",
-            partly="below uniform at every position, but not further below it, relative to uniform, as evidence "
-                   "accumulates",
-            fails="not below uniform at every position")
-_by_verdict("wt_geometry", "control_reading", "r8_control",
-            holds="the ordering is by posterior entropy, not merely by position",
-            partly="part of the ordering survives with the position held fixed",
-            fails="little of the ordering survives once the position is held fixed, so in the main task the "
-                  "coordinate may be tracking the position rather than the entropy")
+            holds="the attention at the query is close to the Bayes-ideal attention.",
+            partly="the attention at the query is focused well beyond uniform, short of the Bayes-ideal.",
+            fails="the attention at the query is not focused beyond uniform to speak of.",
+            inconclusive="the seeds do not settle how focused the attention at the query is.")
+_by_verdict("wt_geometry", "values_reading", "r8_values",
+            holds="the second layer carries the posterior entropy beyond position, linearly and selectively.",
+            partly="the second layer carries part of the posterior entropy beyond position.",
+            fails="the second layer does not carry the posterior entropy beyond position, linearly.",
+            inconclusive="the seeds do not settle how much of the entropy beyond position the second layer carries.")
 _by_verdict("wt_geometry", "frame_reading", "r8_frame", holds="the frame settles first in every comparison",
             fails="the frame never settles first",
             inconclusive="the order depends on the seed and the threshold: the comparison is inconclusive")
 _by_verdict("wt_laws", "ablation_reading", "r8_ablations",
-            holds="both channels matter: freezing either the values or the attention pattern at least doubles the "
-                  "calibration error on every seed's interval.",
-            partly="one channel matters by this measure (freezing it at least doubles the calibration error), the "
+            holds="both channels matter: switching off either the value content or the attention pattern undoes at "
+                  "least half of what training gained, on every seed's interval.",
+            partly="one channel matters by this measure (switching it off undoes at least half of the gain), the "
                    "other does not.",
-            fails="neither freezing makes the calibration error 25% worse, so by this measure the function does not "
-                  "depend on either channel alone.",
-            inconclusive="the seeds do not settle whether both channels matter.")
+            fails="switching off either channel undoes under a tenth of the gain, so by this measure the function "
+                  "does not depend on either channel alone.",
+            inconclusive="the seeds do not settle whether both channels matter, or a baseline learned too little to "
+                         "have anything to undo.")
 
 
 @_says("specialization", "alignment_reading")

@@ -179,6 +179,10 @@ def _split_report(split: dict) -> dict:
         "rows_included": float(split["rows"].double().mean()),
         "n_entries": n_in,
         "grad_norm": n(g),
+        "advantage_norm": n(a),  # |J^T A|: with row_mass_norm, what shares pooled over layers are made of
+        "row_mass_norm": n(m),
+        "excluded_norm": n(e),
+        "included_norm": rest,
         "n_params": int(g.numel()),
     }
 

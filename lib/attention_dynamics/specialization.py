@@ -13,7 +13,8 @@ from torch import Tensor
 from .validation import check_float, check_int, check_tensor
 from .laws import advantage, attention_entropy
 
-__all__ = ["cluster_usage", "value_cluster_shares", "specialization_index", "advantage_sign_agreement", "whole_run_agreement",
+__all__ = ["cluster_usage", "value_cluster_shares", "specialization_index", "advantage_sign_agreement", "movement_agreement",
+           "pooled_movement_agreement", "whole_run_agreement",
            "error_prototypes", "prototype_alignment", "step_size_probe", "SpecializationObserver", "break_symmetry"]
 
 
@@ -72,6 +73,19 @@ def advantage_sign_agreement(alpha_t: Tensor, b_t: Tensor, change: Tensor, *, re
     agree = (torch.sign(change) == -torch.sign(adv))[keep].to(alpha_t.dtype)
     w = (alpha_t * adv.abs())[keep]
     return float(agree.mean()), float((agree * w).sum() / w.sum()), int(keep.sum())
+
+
+def movement_agreement(alpha_t: Tensor, b_t: Tensor, change: Tensor, *, rel_tol: float = 1e-9) -> tuple[float, float]:
+    """The movement of alpha from step t to t+1 that has the sign the routing law predicts,
+    -sign(b - E_alpha[b]) at step t, as (sum of |change| over the agreeing entries, sum of
+    |change| over all entries compared), with the entries of :func:`advantage_sign_agreement`.
+    Summed over a run, their ratio is the share of the attention's movement that follows the
+    law: steps where attention barely moves (a plateau) count as little as they move."""
+    adv = advantage(alpha_t, b_t)
+    keep = (alpha_t > 0) & (adv.abs() > rel_tol * adv.abs().max()) & (change.abs() > rel_tol * change.abs().max())
+    moved = change.abs()[keep]
+    agree = (torch.sign(change) == -torch.sign(adv))[keep]
+    return float(moved[agree].sum()), float(moved.sum())
 
 
 def error_prototypes(u: Tensor, cluster: Tensor, n_clusters: int) -> Tensor:
@@ -133,6 +147,8 @@ class SpecializationObserver:
             r["step_agreement"], r["step_weighted"], _ = advantage_sign_agreement(a_prev, b_prev, a - a_prev)
             r["free_step_agreement"], r["free_step_weighted"], _ = advantage_sign_agreement(a_prev, b_prev,
                                                                                            a_free - a_prev)
+            r["step_moved_agree"], r["step_moved"] = movement_agreement(a_prev, b_prev, a - a_prev)
+            r["free_moved_agree"], r["free_moved"] = movement_agreement(a_prev, b_prev, a_free - a_prev)
         scores, grad_scores = out.info["scores"][0, 0], out.info["grad_scores"][0, 0]
         self._prev = (a.clone(), b.clone(), torch.softmax(scores - self.lr * grad_scores, -1))
         if step in self.probe_steps:
@@ -142,12 +158,23 @@ class SpecializationObserver:
         return r
 
 
+def pooled_movement_agreement(history) -> dict[str, float]:
+    """The share of the attention's movement over a whole run that follows the routing law,
+    for the head ('moved_agreement') and for free scores stepped from the same states
+    ('free_moved_agreement'): :func:`movement_agreement` summed over the steps, then divided."""
+    return {name: float(np.sum(history.series(f"{prefix}_moved_agree")[1])
+                        / np.sum(history.series(f"{prefix}_moved")[1]))
+            for name, prefix in (("moved_agreement", "step"), ("free_moved_agreement", "free"))}
+
+
 def whole_run_agreement(task, params: dict[str, Tensor], lr: float, n_steps: int) -> dict[str, float]:
     """Train a head on the cluster task with plain gradient descent at rate ``lr`` for
     ``n_steps`` and return the sign agreement of every training step with the routing law
     (the change of alpha against -sign(advantage) at the state it left), averaged over the
     whole run, plain and weighted by alpha |advantage|, for the head and for free scores
-    stepped from the same states at the same rate (:class:`SpecializationObserver`); and the
+    stepped from the same states at the same rate (:class:`SpecializationObserver`), and the
+    share of the movement that follows the law, pooled over the run
+    (:func:`pooled_movement_agreement`); and the
     mean attention entropy (nats) and the specialization index at the start and the end."""
     from .laws import head_loss_fn
     from .training import SGD, train
@@ -158,6 +185,7 @@ def whole_run_agreement(task, params: dict[str, Tensor], lr: float, n_steps: int
               callback=SpecializationObserver(loss_fn, task.cluster, task.n_clusters, lr=lr))
     out = {key: float(np.nanmean(h.series(key)[1])) for key in
            ("step_agreement", "step_weighted", "free_step_agreement", "free_step_weighted")}
+    out.update(pooled_movement_agreement(h))
     for key in ("entropy", "si"):
         series = h.series(key)[1]
         out[f"{key}_start"], out[f"{key}_end"] = float(series[0]), float(series[-1])

@@ -171,12 +171,16 @@ class Block(nn.Module):
         self.ff = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_ff), nn.GELU(), Dropout(cfg.dropout),
                                 nn.Linear(cfg.d_ff, cfg.d_model), Dropout(cfg.dropout))
 
-    def forward(self, h: Tensor, inspect: bool = False, weights: Tensor | None = None) -> tuple[Tensor, HeadTrace | None]:
+    def forward(self, h: Tensor, inspect: bool = False, weights: Tensor | None = None,
+                values: Tensor | None = None) -> tuple[Tensor, HeadTrace | None]:
         """``weights``: attention weights (B, H, T, T) to mix the values with instead of the
-        block's own (the frozen-pattern ablation, :meth:`CausalTransformer.freeze_attention_pattern`)."""
+        block's own; ``values``: values (B, H, T, d_h) instead of the block's own (the
+        ablations of :meth:`CausalTransformer.freeze_channel`)."""
         B, T, D = h.shape
         a = self.ln1(h)
         q, k, v = (m(a).view(B, T, self.n_heads, D // self.n_heads).transpose(1, 2) for m in (self.q, self.k, self.v))
+        if values is not None:
+            v = values.to(q.dtype)
         trace = None
         if weights is not None:
             o = weights.to(v.dtype) @ v
@@ -216,30 +220,39 @@ class CausalTransformer(nn.Module):
             if T > self.cfg.max_len:
                 raise ValueError(f"sequence length {T} exceeds max_len = {self.cfg.max_len}")
             h = h + self.pos(torch.arange(T, device=h.device))
-        patterns = [None] * len(self.blocks)
-        source = self.__dict__.get("_pattern_source")
-        if source is not None:
+        frozen = self.__dict__.get("_frozen_channel")
+        patterns = values = [None] * len(self.blocks)
+        if frozen is not None:
+            channel, source = frozen
             with torch.no_grad():
-                patterns = [tr.attention.weights for tr in source(x, inspect=True)[1]]
+                source_traces = source(x, inspect=True)[1]
+            if channel == "pattern":
+                patterns = [tr.attention.weights for tr in source_traces]
+            else:
+                values = [tr.v for tr in source_traces]
         traces = []
-        for block, pattern in zip(self.blocks, patterns):
-            h, tr = block(h, inspect, pattern)
+        for block, pattern, value in zip(self.blocks, patterns, values):
+            h, tr = block(h, inspect, pattern, value)
             if inspect:
                 traces.append(tr)
         return self.out(self.ln_f(h)), traces
 
-    def freeze_attention_pattern(self) -> None:
-        """Routing stops learning, whatever else does: from now on every layer mixes its
-        values with the attention weights that a frozen copy of the model, as it is now,
-        computes on the same input (an ablation of the routing channel, chapter *The laws at
-        work*). Freezing only W_Q and W_K would not do it: the embeddings, positions and
-        LayerNorms that feed them still learn, and re-learn routing through a fixed bilinear
-        form. The query and key maps then receive no gradient. The copy is not a submodule:
-        it is neither trained nor saved with the model's state."""
+    def freeze_channel(self, channel: str) -> None:
+        """Switch one of the two channels of the gradient laws off, whatever else learns (the
+        ablations of chapter *The laws at work*): from now on every layer takes its attention
+        weights (``"pattern"``, R1's channel) or its values (``"values"``, R2's channel) from a
+        frozen copy of the model as it is now, run on the same input. Freezing W_Q, W_K or W_V
+        alone would not do it: the embeddings, positions and LayerNorms that feed them still
+        learn, and re-learn the channel through a fixed linear map. The maps the frozen copy
+        replaces then receive no gradient. The copy is not a submodule: it is neither trained
+        nor saved with the model's state."""
+        check_choice("channel", channel, ("pattern", "values"))
+        if "_frozen_channel" in self.__dict__:
+            raise ValueError(f"a channel is frozen already ({self.__dict__['_frozen_channel'][0]!r}); freeze one per model")
         source = copy.deepcopy(self).eval()
         for p in source.parameters():
             p.requires_grad_(False)
-        self.__dict__["_pattern_source"] = source
+        self.__dict__["_frozen_channel"] = (channel, source)
 
 
 def parameter_groups(model: CausalTransformer) -> dict[str, list[str]]:

@@ -47,10 +47,11 @@ def reading_text(chapter: str, name: str, values: dict) -> str:
 
 
 def _sources() -> list[str]:
-    """The files whose edit changes what the directive and the role render."""
-    from .. import claims, readings, reference
+    """The files whose edit changes what the directive and the role render: the claims, the
+    sentences and every library module they import (the statistics behind the rules)."""
+    from ..sources import module_closure
 
-    return [str(Path(m.__file__).resolve()) for m in (claims, readings, reference)]
+    return [str(p) for p in module_closure(["attention_dynamics.claims", "attention_dynamics.readings"])]
 
 
 def _record_of(env) -> tuple[str, Path]:

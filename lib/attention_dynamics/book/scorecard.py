@@ -6,20 +6,21 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..claims import (BEYOND, FAILS, HOLDS, IDENTITY, INCONCLUSIVE, PAPER, PARTLY, UNMEASURED, VERDICTS, _cell,
+from ..claims import (BEYOND, FAILS, HOLDS, IDENTITY, INCONCLUSIVE, OBSERVED, PAPER, PARTLY, UNMEASURED, VERDICTS,
+                      _cell,
                       evaluate)
 
 __all__ = ["render", "write_scorecard", "read_records"]
 
 
 ICON = {HOLDS: "✓ **holds**", PARTLY: "~ **holds partly**", FAILS: "✗ **does not hold**",
-        INCONCLUSIVE: "? **inconclusive**", UNMEASURED: "— not measured"}
+        INCONCLUSIVE: "? **inconclusive**", UNMEASURED: "— not measured", OBSERVED: "· observation only"}
 
 
 def _counts(rows) -> str:
     n = {k: sum(r["verdict"] == k for r in rows) for k in VERDICTS}
     return (f"{n[HOLDS]} hold, {n[PARTLY]} hold partly, {n[FAILS]} do not hold, {n[INCONCLUSIVE]} inconclusive, "
-            f"{n[UNMEASURED]} not measured")
+            f"{n[UNMEASURED]} not measured" + (f", {n[OBSERVED]} observations only" if n[OBSERVED] else ""))
 
 
 PARTS = (
