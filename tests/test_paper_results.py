@@ -24,14 +24,27 @@ JOBS = make_jobs(ROOT, "paper")
 # this test red on purpose: the book's findings changed, and whoever rebuilt says so here.
 EXPECTED_VERDICTS: dict[str, str] = {
     "r1_exact": "holds",
-    "r1_head": "holds partly",
-    "r1_transformer": "does not hold",
+    # issue 18: the share of the head's movement that follows the law, pooled over the run,
+    # against free scores from the same states (1.00), five seeds: 0.33 ± 0.10, interval 0.07 to
+    # 0.60 across the 0.2 bar (was 0.75 "holds partly": one seed, a window chosen after looking)
+    "r1_head": "inconclusive",
+    "r1_insitu": "holds",
+    # issue 18: the probe's own first-order check fails in the first layer (slopes 0.35 to 0.6 for
+    # the step on W_Q, W_K alone): at eta = 1e-4 the realized change sits at the float64 rounding
+    # floor (errors fall like eta above 1e-3, rise like 1/eta below 1e-4); the probe's eta range
+    # must move up, which re-executes this chapter (a follow-up)
+    "r1_kernel": "does not hold",
+    # issue 18: no correct model must pass an entry-by-entry test (was "does not hold")
+    "r1_transformer": "observation only",
     "r2_exact": "holds",
-    "r2_transformer": "does not hold",
+    "r2_insitu": "holds",
+    "r2_transformer": "observation only",  # issue 18: as r1_transformer (was "does not hold")
     "r3_exact": "holds",
     "r4_slope": "holds",
-    "r5_entropy": "holds",
-    "r5_specialization": "holds",
+    "r5_entropy": "holds",  # issue 18: five seeds (was one)
+    "r5_specialization": "holds",  # issue 18: five seeds (was one)
+    # issue 18: with the routing-value loop cut, the values of 3 of 18 runs reach the spread at
+    # which the full runs specialize
     "r5_symmetry": "holds",
     "r6_e_step": "holds",
     "r6_hard": "holds",
@@ -45,21 +58,34 @@ EXPECTED_VERDICTS: dict[str, str] = {
     "r7_em_ahead": "holds",
     "r7_accuracy": "holds",
     "r7_deep": "holds partly",
-    # issue 17: judged on seeds 0, 1, 2 (was seed 0 alone, 0.0048 bits here, 0.0123 on an Intel
-    # Xeon): seeds 1 and 2 end at 0.38 bits, the 95% interval of the mean spans both bars
+    # issue 18 (new, beyond): the responsibility-normalized value step is 0.003 nats worse,
+    # interval -0.005 to -0.000: within the no-effect band and below zero
+    "beyond_mstep": "does not hold",
+    # issue 17: judged on seeds 0, 1, 2: seeds 1 and 2 end at 0.38 bits, the 95% interval of the
+    # mean spans both bars
     "r8_calibration": "inconclusive",
-    "r8_keys": "does not hold",
-    # issue 17: judged on seeds 0, 1, 2 (was seed 0 alone: 0.47 here, 0.52 on the Intel Xeon);
-    # 0.47, 0.32, 0.30: the 95% interval of the mean, 0.14 to 0.59, crosses the 0.5 bar
-    "r8_values": "inconclusive",
-    "r8_control": "does not hold",
-    "r8_focusing": "holds partly",
+    "r8_calibration_larger_V": "does not hold",  # issue 18 (new, beyond): 0.30 ± 0.01 bits on a fixed budget
+    "r8_kl": "inconclusive",  # issue 18 (new, beyond): as the entropy error, 0.25 ± 0.12 bits
+    # issue 18: the frame head's matching pair tops the query's scores: dominance 0.24 ± 0.19,
+    # interval across both bars (was 0.31 centred |cos| over all heads, "does not hold")
+    "r8_keys": "inconclusive",
+    "r8_keys_paper_i": "inconclusive",  # issue 18 (new): 2.0 ± 0.4 times random, interval across the bar
+    # issue 18: entropy beyond position from the second layer's attention output, selectivity
+    # 0.95 ± 0.02 (was |rho| of a positional coordinate, 0.36, "inconclusive")
+    "r8_values": "holds",
+    # issue 18: focusing at the query in the frame head, 0.22 ± 0.18 (was the entropy ratio over
+    # value positions, whose ideal rises, "holds partly")
+    "r8_focusing": "inconclusive",
     "r8_frame": "inconclusive",
-    "r8_ablations": "holds partly",
+    # issue 18: channels switched off by any path, the share of the gain undone, 0.12 and 0.12 with
+    # intervals across the bars (was W_Q, W_K frozen, 54x / 1.8x, "holds partly")
+    "r8_ablations": "inconclusive",
     "r9_ssm_exact": "holds",
     "r9_ssm_reference": "holds",
-    "r9_attention_law": "holds partly",
-    "r9_ssm_law": "inconclusive",
+    "r9_attention_law": "holds",  # issue 18: an identity in parameter space (was 0.009, "holds partly")
+    # issue 18: the row-mass channel carries 0.54 ± 0.04 of the SSM's routing step (0.77 at
+    # initialization; was a difference of sign shares, -0.007, "inconclusive")
+    "r9_ssm_law": "does not hold",
     "r9_accumulation": "holds",
     "r9_transport": "holds",
     "r9_binding": "holds partly",
@@ -88,7 +114,7 @@ def test_record_is_of_this_code_at_paper_scale(job):
 def test_paper_scale_verdicts():
     rows = evaluate({j.name: _record(j.name) for j in JOBS})
     assert not [r["key"] for r in rows if r["verdict"] == UNMEASURED]
-    exact = [r for r in rows if r["paper"] == "an exact identity"]
+    exact = [r for r in rows if r["paper"] == "an exact identity"]  # closed forms against autograd
     assert exact and all(r["verdict"] == HOLDS for r in exact), exact
     found = {r["key"]: r["verdict"] for r in rows}
     assert set(EXPECTED_VERDICTS) == {c.key for c in CLAIMS}
