@@ -81,6 +81,13 @@ def ladder(x: float, holds: float, partly: float, *, higher_is_better: bool = Tr
     return HOLDS if s * x >= s * holds else PARTLY if s * x >= s * partly else FAILS
 
 
+def t_half_width(se: float, n: int) -> float:
+    """Half the width of the 95% t-interval of a mean of n values with standard error se."""
+    from scipy.stats import t as student_t
+
+    return float(student_t.ppf(0.975, n - 1)) * se
+
+
 def seed_ladder(values, holds: float, partly: float, *, higher_is_better: bool = True) -> Reading:
     """A ladder judged on the spread over seeds, so that a rerun whose float32 rounding
     differs (another processor, the kernels off) moves the mean within its interval and
@@ -91,8 +98,6 @@ def seed_ladder(values, holds: float, partly: float, *, higher_is_better: bool =
     a single seed (no spread to judge by) or where a seed's number is not finite (a
     diverged run). No rule makes two reruns agree always: a mean that sits on a bar comes
     out inconclusive on most reruns and decisive on about one in twenty."""
-    from scipy.stats import t as student_t
-
     s = 1 if higher_is_better else -1
     if s * holds < s * partly:
         raise ValueError(f"the holds bar {holds} must be at least as good as the partly bar {partly} "
@@ -104,7 +109,7 @@ def seed_ladder(values, holds: float, partly: float, *, higher_is_better: bool =
     m, se, n = mean_se(a)
     if n < 2:
         return Reading(m, INCONCLUSIVE, se, n, why="one seed: no spread to judge by")
-    half = float(student_t.ppf(0.975, n - 1)) * se
+    half = t_half_width(se, n)
     worst, best = m - s * half, m + s * half
     if s * worst >= s * holds:
         verdict = HOLDS
@@ -247,14 +252,12 @@ NO_EFFECT = 0.01  # nats: a difference whose 95% interval lies within this is no
 
 
 def _mstep(v):
-    from scipy.stats import t as student_t
-
     if v["mstep_final_per_seed"] is None:
         return Reading(None, FAILS, why="the variant diverged")
     m, se, n = mean_se(np.subtract(v["em_final_per_seed"], v["mstep_final_per_seed"]))
     if n < 2:
         return Reading(m, INCONCLUSIVE, se, n, why="one seed: no spread to judge by")
-    half = float(student_t.ppf(0.975, n - 1)) * se
+    half = t_half_width(se, n)
     lo, hi = m - half, m + half
     verdict = (HOLDS if lo > 0 else FAILS if hi < 0 or (lo > -NO_EFFECT and hi < NO_EFFECT) else INCONCLUSIVE)
     return Reading(m, verdict, se, n, why=f"95% interval {lo:.3f} to {hi:.3f} nats")

@@ -35,11 +35,10 @@ def _by_verdict(chapter: str, name: str, key: str, **texts: str) -> None:
     which = {HOLDS: "holds", PARTLY: "partly", FAILS: "fails", INCONCLUSIVE: "inconclusive", UNMEASURED: "unmeasured"}
 
     def fn(v):
-        verdict = verdict_of(key, v)
-        if verdict == UNMEASURED and "unmeasured" not in texts:
-            why = BY_KEY[key].read(v).why  # not measured here, or a verdict withheld: say why
-            return f"({why})" if why else "not measured in this run"
-        return texts.get(which[verdict], texts["fails"]).format(**v)
+        r = BY_KEY[key].read(v)
+        if r.verdict not in which or (r.verdict == UNMEASURED and "unmeasured" not in texts):
+            return f"({r.why})" if r.why else "not measured in this run"  # no verdict here: say why
+        return texts.get(which[r.verdict], texts["fails"]).format(**v)
     _says(chapter, name)(fn)
 
 
@@ -95,8 +94,8 @@ _by_verdict("value_law", "descent_reading", "r4_slope",
 
 @_says("specialization", "routing_reading")
 def _(v):
-    verdict = verdict_of("r1_head", v)
     r = BY_KEY["r1_head"].read(v)
+    verdict = r.verdict
     head, free = v["moved_run_per_seed"], v["free_moved_run_per_seed"]
     m_head, m_free = sum(head) / len(head), sum(free) / len(free)
     start = (f"Over the whole run and {len(head)} seeds, {m_head:.0%} of the head's attention movement goes the way "
