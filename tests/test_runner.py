@@ -193,6 +193,32 @@ def test_library_map_and_chapter_pointers(root):
         assert f"*{title}*" in docs, f"no library docstring points to the chapter *{title}*"
 
 
+def test_prose_is_not_part_of_a_modules_digest(tmp_path, monkeypatch):
+    """A docstring, a comment or the layout changes no result: editing them leaves the
+    digest (so the stored models and chapters) as it was; a changed statement, a changed
+    string that is not a docstring, or a changed C source does not."""
+    from attention_dynamics import sources
+
+    package = tmp_path / "attention_dynamics"
+    package.mkdir()
+    monkeypatch.setattr(sources, "PACKAGE_DIR", package)
+    mod, c = package / "m.py", package / "k.c"
+    c.write_text("int f(void) { return 1; }\n")
+
+    def digest(text):
+        mod.write_text(text)
+        return sources.module_digest([mod, c])
+
+    base = digest('"""A module."""\nX = "a"\n\ndef f():\n    """Doc."""\n    return X\n')
+    assert digest('"""Another map."""\n# why\nX = "a"\ndef f():\n    """Other."""\n\n    return X  # note\n') == base
+    assert digest('X = "a"\n\ndef f():\n    return X\n') == base
+    assert digest('"""A module."""\nX = "b"\n\ndef f():\n    """Doc."""\n    return X\n') != base
+    assert digest('"""A module."""\nX = "a"\n\ndef f():\n    """Doc."""\n    return X + X\n') != base
+    mod.write_text('"""A module."""\nX = "a"\n\ndef f():\n    """Doc."""\n    return X\n')
+    c.write_text("int f(void) { return 2; }\n")
+    assert sources.module_digest([mod, c]) != base
+
+
 def test_an_edited_module_re_executes_only_the_chapters_that_import_it(tmp_path, monkeypatch):
     """The cache key covers the chapter's notebook, parameters and the library modules it
     imports, transitively: editing em.py re-executes the chapter that imports it (through
@@ -226,12 +252,12 @@ def test_an_edited_module_re_executes_only_the_chapters_that_import_it(tmp_path,
 
     assert set(statuses().values()) == {"ran"}
     for f in ("book/runner.py", "book/scorecard.py", "book/provenance.py"):
-        (package / f).write_text((package / f).read_text() + "\n# edited\n")
+        (package / f).write_text((package / f).read_text() + "\n_edited = True\n")
     assert set(statuses().values()) == {"cached"}
     # specialization imports laws, which imports head ... but not em: only uses_em re-runs
-    (package / "em.py").write_text((package / "em.py").read_text() + "\n# edited\n")
+    (package / "em.py").write_text((package / "em.py").read_text() + "\n_edited = True\n")
     assert statuses() == {"uses_em": "ran", "uses_stats": "cached", "uses_em_indirectly": "cached"}
-    (package / "head.py").write_text((package / "head.py").read_text() + "\n# edited\n")  # em, specialization use it
+    (package / "head.py").write_text((package / "head.py").read_text() + "\n_edited = True\n")  # em, specialization use it
     assert statuses() == {"uses_em": "ran", "uses_stats": "cached", "uses_em_indirectly": "ran"}
 
 

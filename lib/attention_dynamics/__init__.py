@@ -28,12 +28,15 @@ Tasks and their exact posteriors (attention_dynamics.tasks)
 The paper's claims
     reference       what the paper and the authors' script report, with where each comes from
     claims          every claim with the rule that judges it; each chapter's summary box
+    readings        the sentences a chapter phrases from its verdicts and numbers
 
 Measurements
     specialization  routing and content specializing together (R5)
     geometry        calibration and the geometry of a trained transformer (R8)
     law_probe       the two laws inside a trained transformer (R8)
     routing_probe   which routing law moves the weights of a trained attention or SSM model (R9)
+    frame_probe     the key frame of the retrieval heads, Paper I's alignment and value manifold (R8)
+    entropy_probe   whether posterior entropy is encoded beyond position (R8)
     stats           slopes, spreads, first steps below a threshold, settling times
 
 Support

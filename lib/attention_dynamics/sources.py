@@ -99,10 +99,26 @@ def module_closure(names) -> list[Path]:
     return sorted(files)
 
 
+def _code_without_prose(path: Path) -> bytes:
+    """A Python file as the interpreter sees it, without its docstrings: the AST minus the
+    docstrings, dumped. Editing a docstring, a comment or the layout changes no result, so it
+    should retrain no model and re-execute no chapter (a map in a package's ``__init__`` would
+    otherwise invalidate every stored model)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                and body and isinstance(body[0], ast.Expr)
+                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str)):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree, include_attributes=False).encode()
+
+
 def module_digest(files: list[Path]) -> str:
-    """SHA-256 over the files' paths (relative to the package) and contents."""
+    """SHA-256 over the files' paths (relative to the package) and contents: Python files
+    without their prose (:func:`_code_without_prose`), other sources (C) byte for byte."""
     h = hashlib.sha256()
     for p in sorted(files):
         h.update(p.relative_to(PACKAGE_DIR).as_posix().encode())
-        h.update(p.read_bytes())
+        h.update(_code_without_prose(p) if p.suffix == ".py" else p.read_bytes())
     return h.hexdigest()

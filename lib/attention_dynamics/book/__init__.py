@@ -10,5 +10,7 @@ A reader of the science never needs to open it.
 - ``scorecard``: the page listing every claim of the paper with its computed verdict
 - ``compare``: two sets of records side by side (another machine, the kernels off, a new
   commit): what moved, by how much, and which claims changed
+- ``render``: the Sphinx extension that renders each page's summary box and verdict
+  sentences from its record when the book is built
 - ``build``: the HTML book (Jupyter Book 1.x) and its check for pages that show errors
 """
