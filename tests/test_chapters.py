@@ -1,6 +1,7 @@
 """Every chapter executed at the quick profile, with the claims it records asserted."""
 from __future__ import annotations
 
+import math
 import os
 
 import pytest
@@ -101,6 +102,19 @@ def test_sticky_chain_beyond_chapter(quick_runs):
     assert v["long_below_filter_on_train"]  # long training fits the training sequence below the floor
     assert v["long_test_best_em"] > v["long_filter_test"] and v["long_test_best_sgd"] > v["long_filter_test"]
     assert not v["mstep_diverged"]
+
+
+def test_tuned_baselines_chapter(quick_runs):
+    v = quick_runs("tuned_baselines")["values"]
+    runs = set(v["n_tuning_runs"].values())
+    assert len(runs) == 1 and runs.pop() == v["n_trials"]  # the same tuning budget for every method
+    for method, lr in v["tuned_lr"].items():
+        assert lr in v["grids"][method] and len(v["tuning_final"][method]) == len(v["grids"][method])
+    assert set(v["test_final_per_seed"]) == set(v["tuned_lr"]) | {"protocol SGD", "protocol EM-style"}
+    assert all(len(x) == len(v["test_seeds"]) for x in v["test_final_per_seed"].values())
+    assert v["filter_test_mean"] < math.log(8)
+    if v["tuned_lr"]["SGD"] == v["protocol_lr"]:  # the same run twice: the same numbers
+        assert v["test_final_per_seed"]["SGD"] == v["test_final_per_seed"]["protocol SGD"]
 
 
 def test_sticky_chain_speed_chapter(quick_runs):

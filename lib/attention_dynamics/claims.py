@@ -180,22 +180,101 @@ def _seed_exact(v):
     return Reading(float(gap), ladder(gap, 1e-3, 1e-2, higher_is_better=False))
 
 
+def _observed_of_script_runs(read_fn: Callable[[dict], Reading]) -> Callable[[dict], Reading]:
+    """A number of the script's own runs: seed-exactness (r7_seed_exact) already says whether
+    they are the script's, so a second test of the same runs judges nothing."""
+    def read(v):
+        r = read_fn(v)
+        if r.verdict == UNMEASURED:
+            return r
+        return replace(r, verdict=OBSERVED, why="the same runs as the seed-exactness row, which decides them")
+    return read
+
+
+# "about 2.3x": a speedup outside 2.3 / 1.15 to 2.3 x 1.15 (2.0 to 2.65) would be reported as
+# about 2 or about 2.6, not 2.3; so the paper's number is matched when our 90% interval lies
+# within that band (two one-sided tests at 5%), and missed when it lies wholly outside
+PAPER_ROUNDING_FACTOR = 1.15
+
+
+def equivalence(estimate: float, se: float, n: int, low: float, high: float) -> tuple[str, str]:
+    """Two one-sided tests at 5%: the 90% t-interval of ``estimate`` (n - 1 degrees of
+    freedom) within [low, high] holds, wholly outside it does not hold, else inconclusive."""
+    from scipy.stats import t as student_t
+
+    half = float(student_t.ppf(0.95, n - 1)) * se
+    lo, hi = estimate - half, estimate + half
+    verdict = HOLDS if low <= lo and hi <= high else FAILS if hi < low or lo > high else INCONCLUSIVE
+    return verdict, f"90% interval {lo:.3g} to {hi:.3g}, equivalence band {low:.3g} to {high:.3g}"
+
+
 def _speedup(v):
     m, se, n = mean_se(v["reach_steps_per_seed"])
+    if n < 2 or not np.isfinite(m):
+        return Reading(None, INCONCLUSIVE, n=n, why="fewer than two seeds reached the level")
     speedup = v["n_steps"] / m
-    half = 1.96 * v["n_steps"] * se / m**2  # delta method: se of n_steps / mean
-    lo, hi = speedup - half, speedup + half
-    verdict = HOLDS if lo <= PAPER_R7_SPEEDUP <= hi else PARTLY if lo > 1 else FAILS
-    return Reading(speedup, verdict, half / 1.96, n)
+    se_speedup = v["n_steps"] * se / m**2  # delta method: se of n_steps / mean
+    verdict, why = equivalence(speedup, se_speedup, n, PAPER_R7_SPEEDUP / PAPER_ROUNDING_FACTOR,
+                               PAPER_R7_SPEEDUP * PAPER_ROUNDING_FACTOR)
+    return Reading(speedup, verdict, se_speedup, n, why=why)
+
+
+# two sticky-chain losses within a tenth of what any predictor can learn on the task (the
+# uniform guess ln 8 minus the forward filter's loss, both on the same sequences) count as
+# the same: an effect size named before the tuned runs
+SAME_SHARE = 0.1
+
+
+def same_margin(filter_loss: float) -> float:
+    """The margin within which two sticky-chain losses count as the same (nats)."""
+    return SAME_SHARE * (math.log(8) - filter_loss)
+
+
+def paired_advantage(diffs, margin: float) -> Reading:
+    """Paired per-seed differences, baseline minus method (positive: the method is ahead),
+    by their 90% t-interval (two one-sided tests at 5%): within ±``margin`` the two are the
+    same (does not hold: the baseline matches it); wholly above 0, ahead (holds); wholly
+    below 0, behind (does not hold); else inconclusive. A non-finite difference (a diverged
+    run) or a single seed is inconclusive."""
+    from scipy.stats import t as student_t
+
+    d = np.asarray(diffs, dtype=float)
+    if d.size < 2 or not np.isfinite(d).all():
+        return Reading(None, INCONCLUSIVE, n=int(d.size),
+                       why="a seed's difference is not finite (a diverged run)" if d.size > 1 else "one seed")
+    m, se, n = mean_se(d)
+    half = float(student_t.ppf(0.95, n - 1)) * se
+    lo, hi = m - half, m + half
+    interval = f"90% interval {lo:.3f} to {hi:.3f} nats, margin ±{margin:.3f}"
+    if -margin < lo and hi < margin:
+        return Reading(m, FAILS, se, n, why=f"the same within the margin ({interval})")
+    if lo > 0:
+        return Reading(m, HOLDS, se, n, why=interval)
+    if hi < 0:
+        return Reading(m, FAILS, se, n, why=f"behind ({interval})")
+    return Reading(m, INCONCLUSIVE, se, n, why=interval)
 
 
 def _em_ahead(v):
-    from scipy.stats import ttest_rel
+    return paired_advantage(np.subtract(v["sgd_final_per_seed"], v["em_final_per_seed"]),
+                            same_margin(v["filter_train_mean"]))
 
-    diff = np.subtract(v["sgd_final_per_seed"], v["em_final_per_seed"])
-    m, se, n = mean_se(diff)
-    p = float(ttest_rel(v["sgd_final_per_seed"], v["em_final_per_seed"]).pvalue) if n > 1 else 1.0
-    return Reading(m, HOLDS if m > 0 and p < 0.05 else FAILS, se, n, why=f"paired t-test p = {p:.1e}")
+
+def _tuned_against(baseline: str) -> Callable[[dict], Reading]:
+    def read(v):
+        edge = [m for m in (baseline, "EM-style") if not v["bracketed"][m]]
+        if edge:
+            return Reading(None, INCONCLUSIVE, why=f"the best rate of {' and '.join(edge)} lies at the end of its "
+                           "grid: the grid does not bracket it")
+        diffs = np.subtract(v["test_final_per_seed"][baseline], v["test_final_per_seed"]["EM-style"])
+        return paired_advantage(diffs, same_margin(v["filter_test_mean"]))
+    return read
+
+
+def _fast_group(v):
+    finals = v["test_final_per_seed"]
+    text = "; ".join(f"{m} {np.mean(finals[m]):.3f}" for m in ("EM-style", "fast routing", "fast W_O", "SGD"))
+    return Reading(text, OBSERVED, why="which group's fast rate helps, each tuned alike: held-out loss (nats)")
 
 
 def _accuracy_gain(v):
@@ -209,13 +288,25 @@ def _accuracy_gain(v):
     return Reading(m, verdict, se, n)
 
 
+GAP_CLOSED = 0.5  # generalizes: the held-out loss closes at least half the gap from uniform to the filter
+
+
 def _deep_generalizes(v):
-    gap = np.subtract(v["test_accuracy_per_seed"], v["filter_accuracy_per_seed"])
-    m_gap, se_gap, n = mean_se(gap)
-    acc, se_acc, _ = mean_se(v["test_accuracy_per_seed"])
-    verdict = HOLDS if m_gap >= -2 * se_gap else PARTLY if acc - 2 * se_acc > 1 / 8 else FAILS
-    filt = float(np.mean(v["filter_accuracy_per_seed"]))
-    return Reading(acc, verdict, se_acc, n, why=f"the Bayes filter reaches {filt:.3f} on the same sequences")
+    """The held-out loss by its 95% t-interval over seeds, against the uniform guess ln 8
+    and the forward filter on the same sequences: holds if all of it closes at least half
+    the gap between them, does not hold if all of it is worse than the uniform guess,
+    partly if all of it lies between, else inconclusive."""
+    m, sd, n = v["test_loss_mean"], v["test_loss_std"], v["n_seeds"]
+    uniform, floor = math.log(8), v["filter_test_mean"]
+    bar = uniform - GAP_CLOSED * (uniform - floor)
+    if n < 2:
+        return Reading(m, INCONCLUSIVE, n=n, why="one seed: no spread to judge by")
+    se = sd / math.sqrt(n)
+    half = t_half_width(se, n)
+    lo, hi = m - half, m + half
+    verdict = HOLDS if hi <= bar else FAILS if lo > uniform else PARTLY if hi < uniform and lo > bar else INCONCLUSIVE
+    return Reading(m, verdict, se, n, why=f"95% interval {lo:.3f} to {hi:.3f}; uniform {uniform:.3f}, half the gap "
+                   f"{bar:.3f}, filter {floor:.3f} nats; test accuracy {v['test_accuracy_mean']:.3f}")
 
 
 FREE_ABOVE_CHANCE = 0.05  # a free-score agreement within this of chance leaves no room to compare against
@@ -426,30 +517,50 @@ CLAIMS: list[Claim] = [
           "the script's own runs (seed for seed)", "sticky_chain", "holds if ≤ 1e-3, partly if ≤ 1e-2",
           _seed_exact, "{:.1e}", 1e-3),
     Claim("r7_sgd_final", "R7", "SGD final loss (nats, mean ± se)", f"{_S['sgd_final'][0]} ± {_S['sgd_final'][1]} (script, sd)",
-          "sticky_chain", "agrees unless Welch's test rejects equal means at 5% (partly) or 1% (not)",
-          _versus_script("sgd_final_per_seed", "sgd_final"), "{:.3f}", 1e-3),
+          "sticky_chain", "an observation of the script's own runs: seed-exactness decides them (no verdict of its own)",
+          _observed_of_script_runs(_versus_script("sgd_final_per_seed", "sgd_final")), "{:.3f}", 1e-3),
     Claim("r7_em_final", "R7", "EM-style final loss (nats, mean ± se)", f"{_S['em_final'][0]} ± {_S['em_final'][1]} (script, sd)",
-          "sticky_chain", "agrees unless Welch's test rejects equal means at 5% (partly) or 1% (not)",
-          _versus_script("em_final_per_seed", "em_final"), "{:.3f}", 1e-3),
+          "sticky_chain", "an observation of the script's own runs: seed-exactness decides them (no verdict of its own)",
+          _observed_of_script_runs(_versus_script("em_final_per_seed", "em_final")), "{:.3f}", 1e-3),
     Claim("r7_reach_steps", "R7", "steps for EM-style to reach SGD's final loss (mean ± se; never counts as the last step)",
           f"{_S['reach_steps'][0]} ± {_S['reach_steps'][1]} (script, sd)", "sticky_chain",
-          "agrees unless Welch's test rejects equal means at 5% (partly) or 1% (not)",
-          _versus_script("reach_steps_per_seed", "reach_steps"), "{:.0f}", 1.0),
+          "an observation of the script's own runs: seed-exactness decides them (no verdict of its own)",
+          _observed_of_script_runs(_versus_script("reach_steps_per_seed", "reach_steps")), "{:.0f}", 1.0),
     Claim("r7_speedup", "R7", "speedup of EM-style over SGD: steps / mean steps to reach (± se)",
           f"about {PAPER_R7_SPEEDUP}× (paper), {_S['speedup']}× (script)", "sticky_chain",
-          "holds if the paper's 2.3 lies in our 95% interval, partly if the interval lies above 1", _speedup,
+          "equivalence with the paper's \"about 2.3\" (two one-sided tests at 5%): holds if our 90% interval lies "
+          "within 2.3 / 1.15 to 2.3 × 1.15 (2.0 to 2.65; outside it the paper would say about 2 or about 2.6), "
+          "does not hold if it lies wholly outside, else inconclusive", _speedup,
           "{:.2f}×", 0.02),
     Claim("r7_em_ahead", "R7", "EM-style ahead of SGD after the protocol: final loss SGD − EM-style (nats, mean ± se)",
           "the EM-style schedule trains faster", "sticky_chain",
-          "holds if positive and a paired t-test over seeds rejects no difference at 5%", _em_ahead, "{:.3f}", 1e-3),
+          "the 90% interval of the paired differences (two one-sided tests at 5%): the same, and so does not hold, "
+          "if it lies within ±0.1 × (ln 8 − the filter's loss on the training sequences), a tenth of what any "
+          "predictor can learn; holds if it lies above 0; does not hold if below 0; else inconclusive",
+          _em_ahead, "{:.3f}", 1e-3),
     Claim("r7_accuracy", "R7", "accuracy, EM-style minus SGD (mean ± se of the per-seed differences)",
           f"{_S['em_accuracy']:.2f} − {_S['sgd_accuracy']:.2f} (script, printed to two decimals)", "sticky_chain",
-          "holds if within 2 se + 0.01 (the script's rounding) of 0.06, partly if positive", _accuracy_gain,
+          "an observation of the script's own runs: seed-exactness decides them (no verdict of its own)", _observed_of_script_runs(_accuracy_gain),
           "{:.3f}", 1e-3),
-    Claim("r7_deep", "R7", "deep variant: test accuracy on a fresh sequence, evaluation mode (mean ± se)",
-          "reported by the script; a memorizing model scores about 0.20", "sticky_chain_deep",
-          "generalizes (holds) if within 2 se of the Bayes filter's accuracy on the same sequences; partly if "
-          "above chance (1/8) by 2 se", _deep_generalizes, "{:.3f}", 0.01),
+    Claim("r7_deep", "R7", "deep variant: held-out loss on a fresh sequence, evaluation mode (nats, mean ± se)",
+          "the script reports accuracy only; a memorizing model scores about 0.20", "sticky_chain_deep",
+          "the 95% interval of the mean over seeds: generalizes (holds) if all of it closes at least half the gap "
+          "from the uniform guess ln 8 to the forward filter on the same sequences; does not hold if all of it is "
+          "above ln 8 (worse than guessing); partly if all between; else inconclusive",
+          _deep_generalizes, "{:.3f}", 0.01),
+    Claim("r7_tuned_sgd", "R7", "EM-style (W_V at 10×, base rate tuned) against SGD with its one rate tuned, the "
+          "same budget on held-out tuning seeds: held-out loss after the protocol's steps, SGD − EM-style, paired "
+          "over the test seeds (nats)", "not in the paper (its SGD runs at the protocol's one rate)",
+          "tuned_baselines", "inconclusive if either chosen rate lies at the end of its grid; else the 90% interval "
+          "of the paired differences: the same within ±0.1 × (ln 8 − the filter's held-out loss), and so does not "
+          "hold; holds if above 0; does not hold if below 0; else inconclusive",
+          _tuned_against("SGD"), "{:.3f}", 1e-3, BEYOND),
+    Claim("r7_tuned_adam", "R7", "the same against Adam with its rate tuned alike: held-out loss, Adam − EM-style "
+          "(nats)", "not in the paper", "tuned_baselines", "as for SGD", _tuned_against("Adam"), "{:.3f}", 1e-3,
+          BEYOND),
+    Claim("r7_fast_group", "R7", "which group's fast rate helps: held-out loss with W_V (EM-style), W_Q and W_K, or "
+          "W_O at 10× the tuned base rate, and tuned SGD", "the paper makes the values fast", "tuned_baselines",
+          "no rule: an observation beside the two rows above", _fast_group, "{}", None, BEYOND),
     Claim("beyond_mstep", "R6", "the sticky chain with a responsibility-normalized value step (an M-step carried over "
           "to an inputs-to-values map), final loss of the plain EM-style schedule minus this one, same seeds (nats)",
           "not in the paper (its M-step is for free values)", "sticky_chain_beyond",
@@ -554,6 +665,10 @@ CONTROLS: dict[str, Callable[[dict], str]] = {
     "r8_ablations": lambda v: "every weight at its start (the model at initialization) undoes all of it by "
                               "construction; its error over the baseline's: "
                               f"{np.exp(np.mean(np.log(np.divide(v['mae_init_per_seed'], v['mae_baseline_per_seed'])))):.2f}×",
+    "r7_tuned_sgd": lambda v: "against the protocol's own SGD (the script's rate, untuned), by the same rule: "
+                              + paired_advantage(np.subtract(v["test_final_per_seed"]["protocol SGD"],
+                                                             v["test_final_per_seed"]["EM-style"]),
+                                                 same_margin(v["filter_test_mean"])).verdict,
     "r5_symmetry": lambda v: f"the loop cut (W_Q, W_K frozen): the values of {v['n_control_reach']} of "
                              f"{v['n_control_runs']} runs reach that spread",
 }
