@@ -61,7 +61,8 @@ def test_two_timescale_em_chapter(quick_runs):
     assert v["max_residual"] < 1e-4
     gd = [n for n in v["gd_iterations"].values() if n is not None]
     assert v["mstep_iterations"] is not None and gd and v["mstep_iterations"] <= min(gd)
-    assert v["best_ratio"] > 1 and v["speedup_best_vs_1"] > 1.2  # faster values help
+    assert v["best_ratio"] > 1 and v["speedup_best_vs_1"] > 1.2  # faster values help, at the best ratio
+    assert set(v["steps_per_seed_by_ratio"]) == set(v["sweep_table"])
     assert v["first_diverging_ratio"] >= v["best_ratio"]  # until they overshoot
 
 
@@ -110,11 +111,18 @@ def test_tuned_baselines_chapter(quick_runs):
     assert len(runs) == 1 and runs.pop() == v["n_trials"]  # the same tuning budget for every method
     for method, lr in v["tuned_lr"].items():
         assert lr in v["grids"][method] and len(v["tuning_final"][method]) == len(v["grids"][method])
-    assert set(v["test_final_per_seed"]) == set(v["tuned_lr"]) | {"protocol SGD", "protocol EM-style"}
-    assert all(len(x) == len(v["test_seeds"]) for x in v["test_final_per_seed"].values())
+    arms = set(v["tuned_lr"]) | {"protocol SGD", "protocol EM-style", "control: crippled SGD", "control: EM-style twin"}
+    assert set(v["sticky_test_auc_per_seed"]) == set(v["test_final_per_seed"]) == arms
+    assert all(len(x) == len(v["test_seeds"]) for x in v["sticky_test_auc_per_seed"].values())
     assert v["filter_test_mean"] < math.log(8)
     if v["tuned_lr"]["SGD"] == v["protocol_lr"]:  # the same run twice: the same numbers
         assert v["test_final_per_seed"]["SGD"] == v["test_final_per_seed"]["protocol SGD"]
+    # the crippled control barely leaves the start: it scores near the uniform guess
+    assert min(v["sticky_test_auc_per_seed"]["control: crippled SGD"]) > math.log(8) - 0.05
+    assert set(v["cluster_test_steps_per_seed"]) == set(v["cluster_tuned_lr"]) | {"chapter's ratio 1",
+                                                                                  "chapter's ratio 10"}
+    for method, lr in v["cluster_tuned_lr"].items():
+        assert lr in v["cluster_grids"][method]
 
 
 def test_sticky_chain_speed_chapter(quick_runs):
@@ -237,21 +245,27 @@ def test_no_chapter_imports_the_rules(root):
 
 
 def test_outcome_sentences_follow_the_results(root, quick_runs, tmp_path):
-    """Rerun a chapter with parameters that flip its outcome: the rendered sentence and the
-    summary's verdict change with it (no outcome is fixed text)."""
+    """Rerun a chapter with parameters that take its outcome away, and feed its record other
+    outcomes: the rendered sentence and the summary's verdict change with them (no outcome
+    is fixed text)."""
     from attention_dynamics.book.runner import execute, make_jobs
     from attention_dynamics.claims import verdicts
     from attention_dynamics.readings import sentence
 
     base = quick_runs("two_timescale_em")["values"]
     (job,) = make_jobs(root, "quick", only=["two_timescale_em"], out_dir=tmp_path,
-                       overrides={"ratios": [1, 3000]})  # every faster ratio diverges
-    flipped = execute(job).record["values"]
-    assert sentence("two_timescale_em", "ratio_reading", base).startswith("Faster values help")
-    assert sentence("two_timescale_em", "ratio_reading", flipped).startswith("Faster values do not help")
-    assert "The two-timescale reading is not borne out" in sentence("two_timescale_em", "ratio_reading", flipped)
-    assert verdicts("two_timescale_em", base)["r6_faster_values"] == "holds"
-    assert verdicts("two_timescale_em", flipped)["r6_faster_values"] != "holds"
+                       overrides={"ratios": [1, 3000]})  # no ratio 10: the fixed ratio is not swept
+    unswept = execute(job).record["values"]
+    assert sentence("two_timescale_em", "ratio_reading", unswept).startswith("Faster values are not judged")
+    assert verdicts("two_timescale_em", unswept)["r6_faster_values"] == "not measured"
+    # ratio 10 three times faster on every seed, then three times slower
+    faster = {**base, "steps_per_seed_by_ratio": {"1": [300.0, 330.0, 360.0], "10": [100.0, 105.0, 118.0]}}
+    slower = {**base, "steps_per_seed_by_ratio": {"1": [100.0, 105.0, 118.0], "10": [300.0, 330.0, 360.0]}}
+    assert sentence("two_timescale_em", "ratio_reading", faster).startswith("Faster values help")
+    assert sentence("two_timescale_em", "ratio_reading", slower).startswith("Faster values do not help")
+    assert "The two-timescale reading is not borne out" in sentence("two_timescale_em", "ratio_reading", slower)
+    assert verdicts("two_timescale_em", faster)["r6_faster_values"] == "holds"
+    assert verdicts("two_timescale_em", slower)["r6_faster_values"] == "does not hold"
 
 
 def test_every_chapter_has_its_figures(root, quick_runs):

@@ -12,7 +12,8 @@ from typing import Callable
 
 import numpy as np
 
-from .claims import BY_KEY, FAILS, HOLDS, IMPLEMENTS, IN_PART, INCONCLUSIVE, PARTLY, UNMEASURED, implements
+from .claims import (BY_KEY, FAILS, HOLDS, IMPLEMENTS, IN_PART, INCONCLUSIVE, PARTLY, SAME, UNMEASURED, as_losses,
+                     censored_log_steps, implements, paired_advantage, same_margin)
 from .reference import SCRIPT_R7
 
 __all__ = ["SENTENCES", "sentence", "verdict_of"]
@@ -137,20 +138,30 @@ _by_verdict("two_timescale_em", "hard_reading", "r6_hard", holds="the exact corr
 
 @_says("two_timescale_em", "ratio_reading")
 def _(v):
-    help_ = verdict_of("r6_faster_values", v) == HOLDS
-    one, best, ratio = v["ratio1_steps"], v["best_ratio_steps"], v["best_ratio"]
+    r = BY_KEY["r6_faster_values"].read(v)
+    steps = v["steps_per_seed_by_ratio"]
     div = v["first_diverging_ratio"]
-    text = (f"Faster values help: the steps to reach {v['loss_threshold']:g} nats fall from {one:.0f} at ratio 1 to "
-            f"{best:.0f} at ratio {ratio:g}, the fastest ratio at which every run reached the threshold without "
-            f"diverging ({one / best:.1f}× fewer steps). " if help_ else
-            f"Faster values do not help clearly here: the best reliable ratio is {ratio:g} ({one:.0f} steps at "
-            f"ratio 1, {best:.0f} at the best). ")
+    if r.verdict == UNMEASURED:
+        text = f"Faster values are not judged here ({r.why}). "
+    else:
+        one, ten = (np.exp(censored_log_steps(steps[k], v["ratio_steps"])).mean() for k in ("1", "10"))
+        numbers = f"{one:.0f} steps at ratio 1, {ten:.0f} at ratio 10; {r.why}"
+        text = {HOLDS: f"Faster values help: at the paper's ratio 10, fixed in advance, the loss reaches "
+                       f"{v['loss_threshold']:g} nats in {one / ten:.1f}× fewer steps than at ratio 1 ({numbers}). ",
+                PARTLY: f"Faster values help, by less than the margin of 1.25× or not shown to exceed it ({numbers}). ",
+                FAILS: f"Faster values do not help at the paper's ratio 10 ({numbers}). ",
+                }.get(r.verdict, f"The seeds do not settle whether ratio 10 is faster than ratio 1 ({numbers}). ")
+    best = v["best_ratio"]
+    if best is not None and not math.isnan(best):
+        text += (f"Across the sweep the fastest ratio at which every run reached the threshold without diverging is "
+                 f"{best:g} ({v['best_ratio_steps']:.0f} steps; chosen by looking, so it judges nothing). ")
     text += (f"From ratio {div:g} on some runs diverge (the value step overshoots, as plain gradient descent on the "
              "values did above once ηN_j > 2). " if div is not None and not math.isnan(div) else
              "No ratio swept makes a run diverge. ")
     return text + ("The two-timescale reading holds in this sense: a value rate well above the routing rate is "
-                   "better, up to the stability limit of the value step." if help_ else
-                   "The two-timescale reading is not borne out by this sweep.")
+                   "better, up to the stability limit of the value step. Whether a single rate tuned as carefully "
+                   "does as well is the question of the page *Is it EM or the learning rate?*"
+                   if r.verdict in (HOLDS, PARTLY) else "The two-timescale reading is not borne out by this sweep.")
 
 
 # --- sticky_chain ----------------------------------------------------------------------------
@@ -185,36 +196,102 @@ def _(v):
 
 # --- tuned_baselines -------------------------------------------------------------------------
 
-def _tuned_answer(key: str, baseline: str):
+def _tuned_phrase(r, baseline: str, numbers: str) -> str:
+    """How one tuned comparison came out, from its reading."""
+    if r.verdict == HOLDS:
+        return f"EM-style stays ahead of {baseline} tuned alike, by more than the margin ({numbers}; {r.why})."
+    if r.verdict == PARTLY:
+        return (f"EM-style stays ahead of {baseline} tuned alike, but not shown to be by more than the margin "
+                f"({numbers}; {r.why}).")
+    if r.verdict == FAILS and r.why.startswith(SAME):
+        return (f"{baseline}, tuned alike, matches EM-style within the margin ({numbers}; {r.why}): the "
+                "advantage the protocol shows is the learning rate's.")
+    if r.verdict == FAILS:
+        return f"{baseline}, tuned alike, does better than EM-style ({numbers}; {r.why})."
+    return f"How EM-style compares with {baseline} tuned alike is not settled here ({numbers}; {r.why})."
+
+
+def _sticky_answer(key: str, baseline: str):
     def fn(v):
-        r = BY_KEY[key].read(v)
-        em, base = (float(np.mean(v["test_final_per_seed"][m])) for m in ("EM-style", baseline))
-        numbers = f"{em:.3f} against {base:.3f} nats"
-        if r.verdict == HOLDS:
-            return (f"EM-style stays ahead of {baseline} tuned with the same budget ({numbers}; {r.why}): the "
-                    "advantage is not only a matter of the learning rate.")
-        if r.verdict == FAILS and "same" in r.why:
-            return (f"{baseline}, tuned with the same budget, matches EM-style within the margin ({numbers}; "
-                    f"{r.why}): what the protocol shows is the learning rate, not the two timescales.")
-        if r.verdict == FAILS:
-            return (f"{baseline}, tuned with the same budget, ends below EM-style ({numbers}; {r.why}): the "
-                    "protocol's advantage does not survive tuning.")
-        return f"How EM-style compares with {baseline} tuned alike is not settled here ({numbers}; {r.why})."
+        auc = v["sticky_test_auc_per_seed"]
+        em, base = (float(np.mean(as_losses(auc[m]))) for m in ("EM-style", baseline))
+        return _tuned_phrase(BY_KEY[key].read(v), baseline, f"{em:.3f} against {base:.3f} nats")
     return fn
 
 
-_says("tuned_baselines", "sgd_answer")(_tuned_answer("r7_tuned_sgd", "SGD"))
-_says("tuned_baselines", "adam_answer")(_tuned_answer("r7_tuned_adam", "Adam"))
+def _cluster_answer(key: str, baseline: str):
+    def fn(v):
+        def said(method):
+            steps = v["cluster_test_steps_per_seed"][method]
+            mean = np.exp(censored_log_steps(steps, v["cluster_steps"])).mean()
+            reached = sum(x is not None for x in steps)
+            return f"{mean:.0f} steps ({reached} of {len(steps)} seeds reached)"
+        numbers = f"EM-style {said('EM-style')}, {baseline} {said(baseline)}; unreached counted at the budget"
+        return _tuned_phrase(BY_KEY[key].read(v), baseline, numbers)
+    return fn
+
+
+_says("tuned_baselines", "sgd_answer")(_sticky_answer("r7_tuned_sgd", "SGD"))
+_says("tuned_baselines", "adam_answer")(_sticky_answer("r7_tuned_adam", "Adam"))
+_says("tuned_baselines", "cluster_sgd_answer")(_cluster_answer("r6_tuned_sgd", "SGD"))
+_says("tuned_baselines", "cluster_adam_answer")(_cluster_answer("r6_tuned_adam", "Adam"))
 
 
 @_says("tuned_baselines", "group_reading")
 def _(v):
-    finals = {m: float(np.mean(v["test_final_per_seed"][m])) for m in ("EM-style", "fast routing", "fast W_O")}
-    best = min(finals, key=finals.get)
-    group = {"EM-style": "the values (W_V)", "fast routing": "the routing (W_Q, W_K)", "fast W_O": "the read-out (W_O)"}
-    others = ", ".join(f"{m} {x:.3f}" for m, x in finals.items() if m != best)
-    return (f"Of the three groups made fast, {group[best]} ends lowest on held-out data ({finals[best]:.3f} nats; "
-            f"{others}).")
+    auc = {m: as_losses(x) for m, x in v["sticky_test_auc_per_seed"].items()}
+    margin = same_margin(v["filter_test_mean"])
+    parts = []
+    for control, group in (("fast routing", "W_Q, W_K"), ("fast W_O", "W_O")):
+        r = paired_advantage(auc[control] - auc["EM-style"], margin)
+        if r.verdict == HOLDS:
+            parts.append(f"making {group} fast instead does worse by more than the margin ({r.why})")
+        elif r.verdict == PARTLY:
+            parts.append(f"making {group} fast instead does worse, not shown to be by the margin ({r.why})")
+        elif r.verdict == FAILS and r.why.startswith(SAME):
+            parts.append(f"making {group} fast instead does the same ({r.why})")
+        elif r.verdict == FAILS:
+            parts.append(f"making {group} fast instead does better ({r.why})")
+        else:
+            parts.append(f"against making {group} fast instead the seeds do not decide ({r.why})")
+    return ("Which group is fast matters as follows, each tuned alike (ratio fixed at "
+            f"{v['ratio']:g}): " + "; ".join(parts) + ".")
+
+
+@_says("tuned_baselines", "controls_reading")
+def _(v):
+    auc = {m: as_losses(x) for m, x in v["sticky_test_auc_per_seed"].items()}
+    margin = same_margin(v["filter_test_mean"])
+    pos = paired_advantage(auc["control: crippled SGD"] - auc["EM-style"], margin)
+    neg = paired_advantage(auc["control: EM-style twin"] - auc["EM-style"], margin)
+    ok = pos.verdict == HOLDS and neg.verdict == FAILS and neg.why.startswith(SAME)
+    return (f"The rule's controls: against a crippled SGD it says {pos.verdict} (it must say holds), and against "
+            f"EM-style's own twin at its rate × 1.05 it says {neg.verdict}"
+            + (" (the same within the margin, as it must)" if neg.why.startswith(SAME) else f" ({neg.why})")
+            + ("." if ok else ": the instrument fails a control, so the verdicts above are not to be trusted."))
+
+
+@_says("tuned_baselines", "meaning")
+def _(v):
+    sticky, cluster = BY_KEY["r7_tuned_sgd"].read(v), BY_KEY["r6_tuned_sgd"].read(v)
+
+    def said(r):
+        if r.verdict in (HOLDS, PARTLY):
+            return "ahead"
+        if r.verdict == FAILS:
+            return "same" if r.why.startswith(SAME) else "behind"
+        return "undecided"
+    s, c = said(sticky), said(cluster)
+    if s == c == "ahead":
+        return ("On both tasks EM-style's speed survives a tuned baseline: the fast value rate is not just a larger "
+                "step, which is what the two-timescale reading predicts.")
+    if "ahead" not in (s, c) and "undecided" not in (s, c):
+        return ("On neither task does EM-style beat SGD whose one rate is tuned as carefully: the protocol's "
+                "advantage is, by these runs, a matter of the learning rate, and the runs are no evidence for the "
+                "two-timescale reading beyond what a tuned single rate does.")
+    return (f"The tasks disagree or the seeds do not decide (sticky chain: {s}; EM task: {c}): the paper's claim "
+            "that the two timescales, not the learning rate, make EM-style fast is supported only where it says "
+            "ahead.")
 
 
 # --- ssm_routing -----------------------------------------------------------------------------
