@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import time
+import dataclasses
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -40,7 +41,7 @@ from .training import SGD, TrainingDiverged, head_rates, train
 from .validation import check_float, check_float_list, check_int, check_int_list
 
 __all__ = ["Adam", "METHODS", "HELD_OUT", "method_rates", "Trial", "run_trial", "run_cluster_trial", "step_seconds",
-           "tune", "choose", "steps_to_reach", "steps_below", "mean_steps_below"]
+           "tune", "choose", "steps_to_reach", "steps_below", "reach_score", "as_record"]
 
 HELD_OUT = 10_000  # a seed's held-out sequence is drawn with seed + HELD_OUT (as on the beyond page)
 
@@ -107,8 +108,9 @@ class Trial:
     train_loss: np.ndarray | None  # (n_steps + 1, seeds); None if the trial diverged
     eval_steps: np.ndarray  # the steps at which the held-out loss was taken
     test_loss: np.ndarray | None  # (len(eval_steps), seeds)
-    diverged_at: int | None  # the step whose evaluation failed, or None
+    diverged_at: int | None  # the step at which the trial as a whole diverged (every seed), or None
     seconds: float  # wall time of the training loop, all seeds together
+    diverged_seeds: dict[int, int] = dataclasses.field(default_factory=dict)  # seed -> step, seeds that diverged alone
 
     @property
     def final_test(self) -> np.ndarray:
@@ -136,38 +138,67 @@ class Trial:
 
 
 def run_trial(method: str, lr: float, seeds, *, ratio: float, n_steps: int, seq_len: int, block: int = 64,
-              eval_every: int = 10, max_loss: float = 20.0) -> Trial:
+              eval_every: int = 10, dense_until: int = 200, max_loss: float = 20.0) -> Trial:
     """Train the protocol's head (:func:`causal_head.init_heads`, std 0.1, the seeds' own
     training sequences) with ``method`` at base rate ``lr`` for ``n_steps`` full-batch steps,
-    taking the held-out loss every ``eval_every`` steps and at the last. A loss above
-    ``max_loss`` nats (ln 8 = 2.08 is the uniform guess) or a non-finite one stops the trial
-    as diverged, with the step."""
+    taking the held-out loss at every step up to ``dense_until``, then every ``eval_every``
+    steps and at the last: a tuned method may reach a level within tens of steps, where a
+    coarse grid of evaluations would round its speed by more than the margins of the rules
+    (a step in 20 is 5%). A training loss above
+    ``max_loss`` nats (ln 8 = 2.08 is the uniform guess), or a non-finite training or
+    held-out loss, stops that seed's run as diverged: the other seeds are trained again
+    without it (each run is independent of the others), and the diverged seed's losses read
+    inf (it never reaches any level). The trial as a whole diverged only if every seed did,
+    or if the cause could not be traced to one run."""
     seeds = check_int_list("seeds", list(seeds), 0, 2**31 - 1 - HELD_OUT)
     n_steps = check_int("n_steps", n_steps, 1, None)
     seq_len = check_int("seq_len", seq_len, 3, None)
     eval_every = check_int("eval_every", eval_every, 1, None)
+    dense_until = check_int("dense_until", dense_until, 0, None)
     rates = head_rates(method_rates(method, lr, ratio))
-    rule = Adam(rates) if METHODS[method][0] == "adam" else SGD(rates)
-    train_seq = sample_sequences(seeds, n_states_seq=seq_len)
-    test_seq = sample_sequences([s + HELD_OUT for s in seeds], n_states_seq=seq_len)
-    held_out_fn = causal_head_loss_fn(test_seq.x, test_seq.y, block=block)
 
-    def held_out(step, p, out):
-        with torch.no_grad():
-            loss = held_out_fn(p).loss.clone()
-        if not bool(torch.isfinite(loss).all()):
-            raise TrainingDiverged(step, "the held-out loss is not finite")
-        return loss
+    def batch(idx):
+        """Train the seeds at positions ``idx`` together; their history."""
+        sub = [seeds[i] for i in idx]
+        train_seq = sample_sequences(sub, n_states_seq=seq_len)
+        test_seq = sample_sequences([s + HELD_OUT for s in sub], n_states_seq=seq_len)
+        held_out_fn = causal_head_loss_fn(test_seq.x, test_seq.y, block=block)
 
-    start = time.perf_counter()
-    try:
-        h = train(init_heads(seeds), causal_head_loss_fn(train_seq.x, train_seq.y, block=block), rule, n_steps,
-                  callback=held_out, every=eval_every, max_loss=max_loss)
-    except TrainingDiverged as e:
-        return Trial(method, float(lr), seeds, None, np.array([]), None, e.step, time.perf_counter() - start)
+        def held_out(step, p, out):
+            if step > dense_until and step % eval_every and step != n_steps:
+                return None
+            with torch.no_grad():
+                loss = held_out_fn(p).loss.clone()
+            bad = ~torch.isfinite(loss)
+            if bool(bad.any()):
+                raise TrainingDiverged(step, "the held-out loss is not finite", int(bad.nonzero()[0]))
+            return loss
+
+        rule = Adam(rates) if METHODS[method][0] == "adam" else SGD(rates)
+        return train(init_heads(sub), causal_head_loss_fn(train_seq.x, train_seq.y, block=block), rule, n_steps,
+                     callback=held_out, every=1, max_loss=max_loss)
+
+    start, alive, gone = time.perf_counter(), list(range(len(seeds))), {}
+    while alive:
+        try:
+            h = batch(alive)
+            break
+        except TrainingDiverged as e:
+            if e.run is None:  # not traceable to one run: all of them
+                gone.update({i: e.step for i in alive})
+                alive = []
+            else:
+                gone[alive.pop(e.run)] = e.step
     seconds = time.perf_counter() - start
-    return Trial(method, float(lr), seeds, h.loss, h.steps, np.stack([c.numpy() for _, c in h.checkpoints]),
-                 None, seconds)
+    if not alive:
+        return Trial(method, float(lr), seeds, None, np.array([]), None, min(gone.values()), seconds)
+    evals = [(step, c) for step, c in h.checkpoints if c is not None]
+    train_loss = np.full((n_steps + 1, len(seeds)), np.inf)
+    test_loss = np.full((len(evals), len(seeds)), np.inf)
+    train_loss[:, alive] = h.loss.reshape(n_steps + 1, len(alive))
+    test_loss[:, alive] = np.stack([c.numpy() for _, c in evals]).reshape(len(evals), len(alive))
+    return Trial(method, float(lr), seeds, train_loss, np.array([step for step, _ in evals]), test_loss, None, seconds,
+                 {seeds[i]: step for i, step in gone.items()})
 
 
 def run_cluster_trial(method: str, lr: float, seeds, *, task, ratio: float, n_steps: int, d_k: int = 4,
@@ -177,7 +208,7 @@ def run_cluster_trial(method: str, lr: float, seeds, *, task, ratio: float, n_st
     (:class:`~attention_dynamics.tasks.clusters.ClusterTask`), initialized per seed by
     :func:`~attention_dynamics.head.init_memory_head` as the chapter's rate sweep does, trained
     with ``method`` at base rate ``lr`` for ``n_steps`` full-batch steps. The seeds run one
-    after another, each on its own: a seed whose run diverges has a loss curve of NaN (it
+    after another, each on its own: a seed whose run diverges has a loss curve of inf (it
     never reaches anything), the others keep theirs; the trial as a whole diverged only if
     every seed did. There is no held-out set: the task is the data."""
     from .head import init_memory_head
@@ -187,19 +218,19 @@ def run_cluster_trial(method: str, lr: float, seeds, *, task, ratio: float, n_st
     n_steps = check_int("n_steps", n_steps, 1, None)
     rates = head_rates(method_rates(method, lr, ratio))
     loss_fn = head_loss_fn(task.x[None], task.cluster[None], memory=task.memory[None])
-    losses, diverged, start = [], [], time.perf_counter()
+    losses, diverged, start = [], {}, time.perf_counter()
     for s in seeds:
         p = init_memory_head(task.x.shape[1], task.n_slots, task.n_clusters, d_k, d_v, std=init_std, seed=s)
         rule = Adam(rates) if METHODS[method][0] == "adam" else SGD(rates)
         try:
             losses.append(train(p, loss_fn, rule, n_steps, max_loss=max_loss).loss)
         except TrainingDiverged as e:
-            losses.append(np.full(n_steps + 1, np.nan))
-            diverged.append(e.step)
+            losses.append(np.full(n_steps + 1, np.inf))
+            diverged[s] = e.step
     seconds = time.perf_counter() - start
     if len(diverged) == len(seeds):
-        return Trial(method, float(lr), seeds, None, np.array([]), None, min(diverged), seconds)
-    return Trial(method, float(lr), seeds, np.stack(losses, 1), np.array([]), None, None, seconds)
+        return Trial(method, float(lr), seeds, None, np.array([]), None, min(diverged.values()), seconds)
+    return Trial(method, float(lr), seeds, np.stack(losses, 1), np.array([]), None, None, seconds, diverged)
 
 
 def step_seconds(arms: dict[str, tuple[str, float]], seeds, *, ratio: float, seq_len: int, block: int = 64,
@@ -220,13 +251,13 @@ def step_seconds(arms: dict[str, tuple[str, float]], seeds, *, ratio: float, seq
             rates = head_rates(method_rates(method, lr, ratio))
             rule = Adam(rates) if METHODS[method][0] == "adam" else SGD(rates)
             params = init_heads(seeds)
-            start = time.perf_counter()
+            start, done = time.perf_counter(), steps + 1  # steps + 1 evaluations
             try:
                 train(params, loss_fn, rule, steps)
-            except TrainingDiverged:
-                pass  # a rate that diverges within the timing steps: its steps still cost what they cost
+            except TrainingDiverged as e:
+                done = e.step + 1  # it stopped early: what it did, per evaluation
             if r:
-                times[name].append((time.perf_counter() - start) / (steps + 1))  # steps + 1 evaluations
+                times[name].append((time.perf_counter() - start) / done)
     return {name: float(np.median(t)) for name, t in times.items()}
 
 
@@ -259,30 +290,34 @@ def choose(trials: list[Trial], score=None) -> tuple[float, bool]:
     return trials[best].lr, 0 < best < len(trials) - 1
 
 
-def steps_to_reach(trial: Trial, level: float) -> np.ndarray:
-    """Per seed, the first evaluated step whose held-out loss is at or below ``level`` (NaN if
-    none; the resolution is the trial's ``eval_every``)."""
+def steps_to_reach(trial: Trial, level) -> np.ndarray:
+    """Per seed, the first evaluated step whose held-out loss is at or below ``level`` (one
+    number, or one per seed); NaN if none (a diverged seed never is). The resolution is the
+    trial's ``eval_every``."""
     if trial.test_loss is None:
         return np.full(len(trial.seeds), np.nan)
-    hit = trial.test_loss <= level
+    hit = trial.test_loss <= np.broadcast_to(np.asarray(level, dtype=float), (len(trial.seeds),))
     return np.array([trial.eval_steps[np.argmax(hit[:, r])] if hit[:, r].any() else math.nan
                      for r in range(hit.shape[1])], dtype=float)
 
 
 def steps_below(trial: Trial, threshold: float) -> np.ndarray:
     """Per seed, the first step whose training loss is below ``threshold``: NaN if it never
-    is (a diverged run never is), inf for a diverged trial."""
+    is (a diverged run never is), NaN for every seed of a diverged trial."""
     from .stats import first_step_below
 
     if trial.diverged_at is not None:
-        return np.full(len(trial.seeds), np.inf)
+        return np.full(len(trial.seeds), np.nan)
     return np.asarray(first_step_below(trial.train_loss, threshold), dtype=float).reshape(len(trial.seeds))
 
 
-def mean_steps_below(threshold: float):
-    """A score for :func:`choose`: the mean steps to ``threshold`` over the trial's seeds,
-    infinite unless every seed reaches it."""
-    def score(t: Trial) -> float:
-        steps = steps_below(t, threshold)
-        return float(steps.mean()) if np.isfinite(steps).all() else math.inf
-    return score
+def reach_score(steps) -> float:
+    """A tuning score from steps to a level, one per seed: the mean log steps (a geometric
+    mean, as the rules compare ratios of steps), infinite unless every seed reached it."""
+    steps = np.asarray(steps, dtype=float)
+    return float(np.log(np.maximum(steps, 1.0)).mean()) if np.isfinite(steps).all() else math.inf
+
+
+def as_record(steps) -> list[float | None]:
+    """Steps per seed for a record: null where the level was never reached."""
+    return [None if not np.isfinite(x) else float(x) for x in np.asarray(steps, dtype=float)]
