@@ -29,11 +29,9 @@ EXPECTED_VERDICTS: dict[str, str] = {
     # 0.60 across the 0.2 bar (was 0.75 "holds partly": one seed, a window chosen after looking)
     "r1_head": "inconclusive",
     "r1_insitu": "holds",
-    # issue 18: the probe's own first-order check fails in the first layer (slopes 0.35 to 0.6 for
-    # the step on W_Q, W_K alone): at eta = 1e-4 the realized change sits at the float64 rounding
-    # floor (errors fall like eta above 1e-3, rise like 1/eta below 1e-4); the probe's eta range
-    # must move up, which re-executes this chapter (a follow-up)
-    "r1_kernel": "does not hold",
+    # issue 18: the probe's steps moved a decade above the float64 floor of a realized change
+    # (1e-3 to 1e-1): slopes 0.994 to 1.000 (was 0.35 with eta down to 1e-4, "does not hold")
+    "r1_kernel": "holds",
     # issue 18: no correct model must pass an entry-by-entry test (was "does not hold")
     "r1_transformer": "observation only",
     "r2_exact": "holds",
@@ -49,15 +47,25 @@ EXPECTED_VERDICTS: dict[str, str] = {
     "r6_e_step": "holds",
     "r6_hard": "holds",
     "r6_soft": "holds partly",
-    "r6_faster_values": "holds",
+    # issue 19: the paper's ratio 10 fixed in advance against ratio 1, paired log steps: 0.61 ± 0.25,
+    # 90% interval 0.07 to 1.15 against the margin ln 1.25 = 0.22 (was the sweep's best ratio, chosen
+    # by looking, tested on the same seeds, "holds")
+    "r6_faster_values": "holds partly",
     "r7_seed_exact": "holds",
-    "r7_sgd_final": "holds",
-    "r7_em_final": "holds",
-    "r7_reach_steps": "holds",
-    "r7_speedup": "holds",
-    "r7_em_ahead": "holds",
-    "r7_accuracy": "holds",
-    "r7_deep": "holds partly",
+    # issue 19: the script's own runs, which seed-exactness decides, shown as observations of the
+    # same runs (were four more "holds" of Welch tests against the script's summary)
+    "r7_sgd_final": "observation only",
+    "r7_em_final": "observation only",
+    "r7_reach_steps": "observation only",
+    # issue 19: equivalence with the paper's "about 2.3": 2.18x, 90% interval 1.58 to 3.54 against
+    # the band 2.0 to 2.65 (was "holds" because 2.3 lay inside a 95% interval that passes nearly
+    # any speedup at five seeds)
+    "r7_speedup": "inconclusive",
+    "r7_em_ahead": "holds",  # issue 19: 0.099 ± 0.005 nats, past the margin of 0.025
+    "r7_accuracy": "observation only",  # issue 19: as r7_sgd_final
+    # issue 19: judged on the held-out loss: 6.53 ± 0.05 nats, interval 6.39 to 6.67, all above the
+    # uniform guess ln 8 = 2.08 (was test accuracy 0.189 above chance 1/8, "holds partly")
+    "r7_deep": "does not hold",
     # issue 18 (new, beyond): the responsibility-normalized value step is 0.003 nats worse,
     # interval -0.005 to -0.000: within the no-effect band and below zero
     "beyond_mstep": "does not hold",

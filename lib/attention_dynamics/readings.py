@@ -229,6 +229,13 @@ def _tuned_answer(key: str, baseline: str, task: str):
     return fn
 
 
+@_says("tuned_baselines", "protocol_reading")
+def _(v):
+    steps, budget = v["sticky_test_steps_per_seed"], v["sticky_budget"]
+    return (f"With the script's rate ({v['protocol_lr']:g}), EM-style needs {_geo(steps['protocol EM-style'], budget)} "
+            f"and SGD {_geo(steps['protocol SGD'], budget)} (geometric means, unreached runs at the budget).")
+
+
 _says("tuned_baselines", "sgd_answer")(_tuned_answer("r7_tuned_sgd", "SGD", "sticky"))
 _says("tuned_baselines", "adam_answer")(_tuned_answer("r7_tuned_adam", "Adam", "sticky"))
 _says("tuned_baselines", "cluster_sgd_answer")(_tuned_answer("r6_tuned_sgd", "SGD", "cluster"))
