@@ -13,7 +13,7 @@ from typing import Callable
 import numpy as np
 
 from .claims import (BY_KEY, FAILS, HOLDS, IMPLEMENTS, IN_PART, INCONCLUSIVE, PARTLY, SAME, UNMEASURED, as_losses,
-                     censored_log_steps, implements, paired_advantage, same_margin,
+                     geometric_steps, implements, paired_advantage, same_margin,
                      steps_advantage)
 from .reference import SCRIPT_R7
 
@@ -145,7 +145,7 @@ def _(v):
     if r.verdict == UNMEASURED:
         text = f"Faster values are not judged here ({r.why}). "
     else:
-        one, ten = (np.exp(censored_log_steps(steps[k], v["ratio_steps"]).mean()) for k in ("1", "10"))
+        one, ten = (geometric_steps(steps[k], v["ratio_steps"]) for k in ("1", "10"))
         numbers = f"{one:.0f} steps at ratio 1, {ten:.0f} at ratio 10, geometric means; {r.why}"
         text = {HOLDS: f"Faster values help: at the paper's ratio 10, fixed in advance, the loss reaches "
                        f"{v['loss_threshold']:g} nats in {one / ten:.1f}× fewer steps than at ratio 1 ({numbers}). ",
@@ -217,7 +217,7 @@ def _tuned_phrase(r, baseline: str, numbers: str) -> str:
 
 def _geo(steps, budget) -> str:
     reached = sum(x is not None for x in steps)
-    return f"{np.exp(censored_log_steps(steps, budget).mean()):.0f} steps ({reached} of {len(steps)} seeds reached)"
+    return f"{geometric_steps(steps, budget):.0f} steps ({reached} of {len(steps)} seeds reached)"
 
 
 def _tuned_answer(key: str, baseline: str, task: str):
