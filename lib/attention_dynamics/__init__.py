@@ -17,6 +17,7 @@ Models
     causal_head     the single causal head of the sticky-chain protocol (R7), fast and reference
     transformer     one small causal transformer and the one way it trains (fit)
     windtunnel      the wind-tunnel experiment's settings, model and training (R8)
+    windtunnel_rates  the wind tunnel with an optimizer and a rate per role, judged held out (R6, R8)
     ssm             a selective state-space model (Mamba's S6) as content-based routing (R9)
     primitives      the inference-primitives experiment: attention and SSM side by side (R9)
 

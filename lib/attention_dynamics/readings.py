@@ -14,7 +14,7 @@ import numpy as np
 
 from .claims import (BY_KEY, FAILS, HOLDS, IMPLEMENTS, IN_PART, INCONCLUSIVE, PARTLY, SAME, UNMEASURED, as_losses,
                      geometric_steps, implements, paired_advantage, same_margin,
-                     steps_advantage)
+                     steps_advantage, wt_margin)
 from .reference import SCRIPT_R7
 
 __all__ = ["SENTENCES", "sentence", "verdict_of"]
@@ -300,6 +300,67 @@ def _(v):
                 "no evidence that the two timescales, rather than the learning rate, make it fast.")
     return (f"In short, {table}: the paper's reading, that the two timescales and not the learning rate make "
             "EM-style fast, is supported only where it says ahead.")
+
+
+# --- wt_tuned --------------------------------------------------------------------------------
+
+def _kl_of(v, arm: str) -> str:
+    kl = as_losses(v["wt_final_kl_per_seed"][arm])
+    return f"{arm} {np.mean(kl):.3g} bits" if np.isfinite(kl).all() else f"{arm} diverged on a seed"
+
+
+def _wt_answer(key: str, baseline: str):
+    def fn(v):
+        r = BY_KEY[key].read(v)
+        numbers = f"held-out KL at the end, mean over the test seeds: {_kl_of(v, 'EM-style')}, {_kl_of(v, baseline)}"
+        said = _said(r)
+        return {"ahead": f"EM-style (the routing slow) ends closer to the posterior than {baseline} tuned alike "
+                         f"({numbers}; {r.why}).",
+                "same": f"EM-style (the routing slow) and {baseline} tuned alike end the same within the margin "
+                        f"({numbers}; {r.why}).",
+                "behind": f"{baseline} tuned alike ends closer to the posterior than EM-style ({numbers}; {r.why})."
+                }.get(said, f"How EM-style compares with {baseline} tuned alike is not settled here ({numbers}; "
+                            f"{r.why}).")
+    return fn
+
+
+_says("wt_tuned", "adamw_answer")(_wt_answer("r8_wt_em_adamw", "AdamW"))
+_says("wt_tuned", "sgd_answer")(_wt_answer("r8_wt_em_sgd", "SGD"))
+
+
+@_says("wt_tuned", "arms_reading")
+def _(v):
+    margin = wt_margin(v)
+    kl = v["wt_final_kl_per_seed"]
+    r = paired_advantage(as_losses(kl["all but values slow"]) - as_losses(kl["AdamW"]), margin, unit="bits")
+    who = {"ahead": "AdamW ends closer to the posterior than", "same": "AdamW ends the same as",
+           "behind": "AdamW ends further from the posterior than"}.get(_said(r), "the seeds do not place AdamW against")
+    return (f"What slowing every parameter but the values costs, both at AdamW's rate: {who} the ablation of The laws "
+            f"at work ({_kl_of(v, 'all but values slow')}; {r.why}).")
+
+
+@_says("wt_tuned", "controls_reading")
+def _(v):
+    text = BY_KEY["r8_wt_em_adamw"].control(v)
+    ok = "(must hold): holds" in text and "(must be the same): the same" in text
+    return (f"The rule's controls on the same runs: {text}"
+            + ("." if ok else ": the instrument fails a control, so its verdicts here are not to be trusted."))
+
+
+@_says("wt_tuned", "meaning")
+def _(v):
+    said = {b: _said(BY_KEY[k].read(v)) for b, k in (("AdamW", "r8_wt_em_adamw"), ("SGD", "r8_wt_em_sgd"))}
+    word = {"ahead": "ahead", "same": "the same", "behind": "behind", "undecided": "undecided"}
+    table = f"against tuned AdamW, EM-style is {word[said['AdamW']]}; against tuned SGD, {word[said['SGD']]}"
+    if said["AdamW"] == "ahead":
+        return (f"In short, {table}: in the wind tunnel, slowing the routing against the values helps beyond what "
+                "tuning AdamW's one rate gives, as the two-timescale reading predicts.")
+    if said["AdamW"] in ("same", "behind"):
+        return (f"In short, {table}: in the wind tunnel, slowing the routing does not beat AdamW with its one rate "
+                "tuned, so these runs are no evidence that two timescales help a transformer beyond its learning "
+                "rate.")
+    return (f"In short, {table}: the test seeds do not settle whether slowing the routing helps a transformer beyond "
+            "tuning its one rate.")
 
 
 # --- ssm_routing -----------------------------------------------------------------------------
