@@ -131,6 +131,21 @@ def test_choose_flags_a_best_rate_at_the_end_of_the_grid():
     assert choose([fake(0.1, 2.0), fake(0.3, 2.0), fake(1.0, 2.2)], final) == (0.1, False)  # a tie: the smaller
 
 
+def test_choose_backs_off_one_grid_step_from_the_edge_of_stability():
+    def fake(lr, final):
+        return Trial("SGD", lr, [0], None, np.array([0]), np.array([[final]]), None, 0.0)
+    final = lambda t: float(np.mean(t.final_test))  # noqa: E731
+    grid = [fake(0.1, 2.3), fake(0.3, 2.2), fake(1.0, 2.0), fake(3.0, np.inf), fake(10.0, np.inf)]
+    assert choose(grid, final) == (0.3, True)  # 1.0 is best, but 3.0 diverged: one step back
+    assert choose(grid, final, back_off=False) == (1.0, True)
+    safe = [fake(0.1, 2.3), fake(0.3, 2.0), fake(1.0, 2.1), fake(3.0, np.inf)]
+    assert choose(safe, final) == (0.3, True)  # its larger neighbour is finite: no back-off
+    edge = [fake(0.1, np.inf), fake(0.3, 2.0), fake(1.0, np.inf)]
+    assert choose(edge, final) == (0.3, True)  # every finite rate at the edge: the best of them
+    top = [fake(0.1, 2.3), fake(0.3, 2.2), fake(1.0, 2.0)]
+    assert choose(top, final) == (1.0, False)  # the grid's end has no larger neighbour
+
+
 def test_steps_to_reach_reads_the_first_evaluation_at_or_below_the_level():
     t = Trial("SGD", 0.1, [0, 1], None, np.array([0, 10, 20]), np.array([[2.1, 2.1], [2.0, 2.05], [1.9, 2.05]]),
               None, 0.0)

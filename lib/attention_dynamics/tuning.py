@@ -19,8 +19,9 @@ length, on tuning seeds kept apart from the test seeds; the chosen rate is the o
 lowest mean held-out loss averaged over the run (the area under the held-out curve: a
 method that is fast and one that ends low both score; the paper's claim is about speed, and
 the loss at the last step alone would let every method's rate be tuned until it just
-reaches the same floor by then); a diverged trial counts as infinitely bad. The choice is
-fixed before any test seed runs (Schmidt, Schneider and Hennig, *Descending through a
+reaches the same floor by then); a diverged trial counts as infinitely bad, and a rate
+next to one that diverged is passed over for the best rate one grid step further from the
+edge of stability. The choice is fixed before any test seed runs (Schmidt, Schneider and Hennig, *Descending through a
 Crowded Valley*, ICML 2021).
 """
 from __future__ import annotations
@@ -36,6 +37,7 @@ import torch
 from torch import Tensor
 
 from .causal_head import causal_head_loss_fn, init_heads
+from .stats import first_step_below, first_true
 from .tasks.sticky_chain import sample_sequences
 from .training import SGD, TrainingDiverged, head_rates, train
 from .validation import check_float, check_float_list, check_int, check_int_list
@@ -275,18 +277,27 @@ def tune(method: str, grid, seeds, *, progress: bool = False, trial=run_trial, *
     return [trial(method, lr, seeds, **kw) for lr in grid]
 
 
-def choose(trials: list[Trial], score=None) -> tuple[float, bool]:
+def choose(trials: list[Trial], score=None, *, back_off: bool = True) -> tuple[float, bool]:
     """The rate with the lowest score, by default the mean held-out loss averaged over the
     run (:attr:`Trial.test_auc`), and whether it is bracketed: an inner point of the grid, so
     that a better rate is not likely to lie past an end. A diverged trial, or an infinite
     score, counts as infinitely bad; of equal scores the smaller rate wins; if no trial has
-    a finite score there is no choice (ValueError)."""
+    a finite score there is no choice (ValueError).
+
+    With ``back_off``, a rate whose next larger rate on the grid scored infinite (it diverged,
+    or never reached the level, on a tuning seed) is at the edge of stability, where other
+    seeds may diverge: the choice is the best rate that is not, a margin of one grid step;
+    if every finite rate is at the edge, the best of them. The rule was added after the first
+    paper build, whose choices on the EM task all sat at that edge and lost test seeds to
+    divergence."""
     score = score or (lambda t: float(np.mean(t.test_auc)))
     means = [math.inf if t.diverged_at is not None else score(t) for t in trials]
-    if not np.isfinite(means).any():
+    finite = [i for i, m in enumerate(means) if math.isfinite(m)]
+    if not finite:
         raise ValueError(f"no trial of {trials[0].method} has a finite score (every one diverged or never "
                          "reached the level): widen the grid")
-    best = int(np.argmin(means))
+    stable = [i for i in finite if i + 1 == len(means) or math.isfinite(means[i + 1])]
+    best = min(stable if back_off and stable else finite, key=lambda i: (means[i], i))
     return trials[best].lr, 0 < best < len(trials) - 1
 
 
@@ -297,15 +308,12 @@ def steps_to_reach(trial: Trial, level) -> np.ndarray:
     if trial.test_loss is None:
         return np.full(len(trial.seeds), np.nan)
     hit = trial.test_loss <= np.broadcast_to(np.asarray(level, dtype=float), (len(trial.seeds),))
-    return np.array([trial.eval_steps[np.argmax(hit[:, r])] if hit[:, r].any() else math.nan
-                     for r in range(hit.shape[1])], dtype=float)
+    return first_true(hit, steps=trial.eval_steps)
 
 
 def steps_below(trial: Trial, threshold: float) -> np.ndarray:
     """Per seed, the first step whose training loss is below ``threshold``: NaN if it never
     is (a diverged run never is), NaN for every seed of a diverged trial."""
-    from .stats import first_step_below
-
     if trial.diverged_at is not None:
         return np.full(len(trial.seeds), np.nan)
     return np.asarray(first_step_below(trial.train_loss, threshold), dtype=float).reshape(len(trial.seeds))
