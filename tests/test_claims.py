@@ -335,3 +335,17 @@ def test_the_seed_ladder_judges_the_interval_not_the_mean():
     assert seed_ladder([0.6, 0.62, 0.61], 0.8, 0.5).verdict == PARTLY
     assert seed_ladder([0.3, 0.35, 0.25], 0.8, 0.5).verdict == FAILS
     assert seed_ladder([0.45, 0.52, 0.49], 0.8, 0.5).verdict == INCONCLUSIVE  # the AMD / Intel split of issue 17
+
+
+def test_seeds_for_band_is_the_fewest_whose_interval_fits_the_band():
+    from scipy.stats import t as student_t
+
+    from attention_dynamics.claims import PAPER_SPEEDUP_BAND, seeds_for_band
+
+    room = 1 - 1 / PAPER_SPEEDUP_BAND
+    half = lambda n, cv: float(student_t.ppf(0.95, n - 1)) * cv / np.sqrt(n)  # noqa: E731
+    for cv in (0.01, 0.1, 0.4, 1.0):
+        n = seeds_for_band(cv)
+        assert half(n, cv) <= room and (n == 2 or half(n - 1, cv) > room), (cv, n)
+    assert seeds_for_band(0.4) > 5  # the R7 runs' spread: five seeds cannot decide
+    assert seeds_for_band(1e6, most=50) == 50

@@ -56,24 +56,26 @@ def method_rates(method: str, lr: float, slow: float = SLOW) -> dict[str, float]
 class Run:
     """One seed of the wind tunnel trained with ``method`` at base rate ``lr``: the training
     loss at every step (nats, on that step's fresh batch), and at ``eval_steps`` the KL from
-    the exact posterior to the model and the mean |entropy error|, both in bits on the
-    held-out sequences, averaged over the supervised positions. A run that diverged has
-    ``diverged_at`` (the step) and the cause, and infinite curves from there on."""
+    the exact posterior to the model on the held-out sequences by supervised position
+    (``kl_by_position``, bits, the last position is the query) and the mean |entropy error|
+    (bits). A run that diverged has ``diverged_at`` (the step) and the cause, and infinite
+    curves from its first evaluation after it."""
 
     method: str
     lr: float
     seed: int
     train_loss: np.ndarray
     eval_steps: np.ndarray
-    kl_bits: np.ndarray
+    kl_by_position: np.ndarray  # (len(eval_steps), L + 1)
     mae_bits: np.ndarray
     diverged_at: int | None
     cause: str | None
     provenance: dict
 
     @property
-    def final_kl(self) -> float:
-        return float(self.kl_bits[-1])
+    def kl_bits(self) -> np.ndarray:
+        """The held-out KL averaged over the supervised positions, at ``eval_steps``."""
+        return self.kl_by_position.mean(1)
 
 
 def _optimizer(model, method: str, lr: float, slow: float) -> torch.optim.Optimizer:
@@ -97,8 +99,10 @@ def train_run(cfg: WindTunnelConfig, method: str, lr: float, *, eval_every: int,
     method_rates(method, lr, slow)  # validates method, lr and slow
     eval_every = check_int("eval_every", eval_every, 1, cfg.n_steps)
     max_loss = check_float("max_loss", max_loss, 0.0, None, low_open=True)
-    settings = asdict(cfg) | {"method": method, "lr": float(lr), "slow": float(slow), "eval_every": eval_every,
-                              "max_loss": max_loss}
+    # cfg.lr plays no part: the base rate is lr
+    settings = {k: v for k, v in asdict(cfg).items() if k != "lr"} | {
+        "method": method, "lr": float(lr), "slow": float(slow), "eval_every": eval_every, "max_loss": max_loss}
+    steps = sorted(set(range(0, cfg.n_steps + 1, eval_every)) | {cfg.n_steps})
 
     def make() -> dict:
         task, ev, model = cfg.task, cfg.eval_set(), cfg.model()
@@ -106,6 +110,7 @@ def train_run(cfg: WindTunnelConfig, method: str, lr: float, *, eval_every: int,
         opt = _optimizer(model, method, lr, slow)
         gen = torch.Generator().manual_seed(cfg.seed)
         trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
+        curves = []  # kept as they come, so a run that diverges keeps what it had
 
         def loss_fn(p):
             # transformer.fit's step with another optimizer: fit builds AdamW itself, and a
@@ -121,24 +126,25 @@ def train_run(cfg: WindTunnelConfig, method: str, lr: float, *, eval_every: int,
             with evaluating(model):
                 logp, _ = log_probs_at(model, ev.tokens, positions)
             err = calibration_errors(logp, ev.bayes_bits, ev.posterior)
-            return float(err["kl_bits"].mean()), float(err["mae"])
+            curves.append(torch.cat([err["kl_bits"], err["mae"].reshape(1)]))
 
         sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=cfg.n_steps)
+        done = {}
         try:
             h = train(trainable, loss_fn, TorchOptimizer(opt, scheduler=sched), cfg.n_steps, callback=held_out,
                       every=eval_every, max_loss=max_loss, progress=progress, desc=f"{method} at {lr:g}")
+            done["loss"] = torch.as_tensor(h.loss)
         except TrainingDiverged as e:
-            return {"diverged_at": e.step, "cause": e.cause}
-        return {"loss": torch.as_tensor(h.loss), "steps": torch.as_tensor(h.steps),
-                "curves": torch.tensor([c for _, c in h.checkpoints], dtype=torch.float64)}
+            done.update(diverged_at=e.step, cause=e.cause)
+        return done | {"curves": torch.stack(curves).to(torch.float64)}
 
     payload, provenance = stored("windtunnel_rates", settings, make, modules=[__name__])
+    curves = np.full((len(steps), len(supervised_positions(cfg.task)) + 1), np.inf)
+    curves[:len(payload["curves"])] = payload["curves"].numpy()
     if "diverged_at" in payload:
-        steps = np.arange(0, cfg.n_steps + 1, eval_every)
-        steps = np.append(steps, cfg.n_steps) if steps[-1] != cfg.n_steps else steps
-        inf = np.full(len(steps), np.inf)
-        return Run(method, float(lr), cfg.seed, np.full(cfg.n_steps + 1, np.inf), steps, inf, inf,
+        loss = np.full(cfg.n_steps + 1, np.inf)
+        return Run(method, float(lr), cfg.seed, loss, np.array(steps), curves[:, :-1], curves[:, -1],
                    int(payload["diverged_at"]), str(payload["cause"]), provenance)
-    curves = payload["curves"].numpy()
-    return Run(method, float(lr), cfg.seed, payload["loss"].numpy(), payload["steps"].numpy(), curves[:, 0],
-               curves[:, 1], None, None, provenance)
+    return Run(method, float(lr), cfg.seed, payload["loss"].numpy(), np.array(steps), curves[:, :-1], curves[:, -1],
+               None, None, provenance)
+
