@@ -124,6 +124,26 @@ def test_tuned_baselines_chapter(quick_runs):
         assert lr in v["cluster_grids"][method]
 
 
+def test_wt_tuned_chapter(quick_runs):
+    v = quick_runs("wt_tuned")["values"]
+    runs = set(v["n_tuning_runs"].values())
+    assert len(runs) == 1 and runs.pop() == v["n_trials"] * len(v["tuning_seeds"])  # one budget for every method
+    assert set(v["tuning_seeds"]).isdisjoint(v["test_seeds"])
+    for method, lr in v["tuned_lr"].items():
+        assert lr in v["grids"][method] and len(v["tuning_mean_kl"][method]) == len(v["grids"][method])
+    assert v["grids"]["AdamW"] == v["grids"]["EM-style"]  # EM-style tunes its base rate on AdamW's grid
+    arms = set(v["tuned_lr"]) | {"all but values slow", "control: AdamW twin"}
+    assert set(v["wt_final_kl_per_seed"]) == arms
+    assert v["wt_rates"]["all but values slow"] == v["tuned_lr"]["AdamW"]
+    assert v["wt_rates"]["control: AdamW twin"] == pytest.approx(1.05 * v["tuned_lr"]["AdamW"])
+    n = len(v["test_seeds"])
+    assert len(v["wt_init_kl_per_seed"]) == len(v["wt_init_query_kl_per_seed"]) == n
+    for arm, kl in v["wt_final_kl_per_seed"].items():  # training moves every arm toward the posterior
+        assert len(kl) == n and all(k is None or k < k0 for k, k0 in zip(kl, v["wt_init_kl_per_seed"])), arm
+    # the query, the position that needs the keys, starts further from the posterior than the average one
+    assert all(q > k for q, k in zip(v["wt_init_query_kl_per_seed"], v["wt_init_kl_per_seed"]))
+
+
 def test_sticky_chain_speed_chapter(quick_runs):
     v = quick_runs("sticky_chain_speed")["values"]
     assert v["loss_agreement"] <= 1e-4  # the fast path computes the naive path's losses

@@ -46,6 +46,16 @@ def tuned(cluster=None, **sticky) -> dict:
     return out
 
 
+def wind(**final) -> dict:
+    """A wind-tunnel tuned record over three test seeds: the KL at initialization 1.2 bits on
+    every seed (margin 0.12), the query's 3.0 bits of it over 8 positions; every arm ends at
+    0.01 bits unless given, every chosen rate bracketed."""
+    arms = ("AdamW", "EM-style", "SGD", "all but values slow", "control: AdamW twin")
+    kl = {m: [0.01] * 3 for m in arms} | final
+    return {"wt_final_kl_per_seed": kl, "wt_init_kl_per_seed": [1.2] * 3, "wt_init_query_kl_per_seed": [3.0] * 3,
+            "wt_n_positions": 8, "wt_bracketed": {m: True for m in arms[:3]}}
+
+
 def shifted(values, by):
     return list(np.asarray(values, dtype=float) + by)
 
@@ -109,6 +119,10 @@ CASES = {
     "r7_fast_group": (tuned(), tuned(SGD=[10.0, 10.0, 10.0])),
     "r6_tuned_sgd": (tuned(cluster={"SGD": [65.0, 65.0, 65.0]}), tuned(cluster={"SGD": [51.0, 50.0, 49.0]})),
     "r6_tuned_adam": (tuned(cluster={"Adam": [65.0, 65.0, 65.0]}), tuned(cluster={"Adam": [40.0, 41.0, 39.0]})),
+    # AdamW - EM-style 0.131 (± 0.001) on every seed, just past the margin 0.12; the false: the same, or behind
+    "r8_wt_em_adamw": (wind(AdamW=[0.140, 0.141, 0.142]), wind(AdamW=[0.011, 0.01, 0.009])),
+    "r8_wt_em_sgd": (wind(SGD=[0.140, 0.141, 0.142]), wind(SGD=[0.005, 0.004, 0.003], **{"EM-style": [0.4] * 3})),
+    "r8_wt_arms": (wind(), wind(SGD=[0.4] * 3)),
     "beyond_mstep": ({"em_final_per_seed": [1.95, 1.93, 1.96], "mstep_final_per_seed": [1.90, 1.89, 1.90]},
                      {"em_final_per_seed": [1.95, 1.93, 1.96], "mstep_final_per_seed": [1.99, 1.98, 2.0]}),
     "r8_calibration": ({"mae_bits_per_seed": [0.004, 0.005, 0.006]}, {"mae_bits_per_seed": [0.05, 0.04, 0.06]}),
@@ -143,7 +157,7 @@ CASES = {
 
 
 OBSERVATIONS = ("r1_transformer", "r2_transformer", "r7_sgd_final", "r7_em_final", "r7_reach_steps", "r7_accuracy",
-                "r7_fast_group")
+                "r7_fast_group", "r8_wt_arms")
 
 
 def test_every_rule_has_its_cases():
@@ -349,3 +363,45 @@ def test_seeds_for_band_is_the_fewest_whose_interval_fits_the_band():
         assert half(n, cv) <= room and (n == 2 or half(n - 1, cv) > room), (cv, n)
     assert seeds_for_band(0.4) > 5  # the R7 runs' spread: five seeds cannot decide
     assert seeds_for_band(1e6, most=50) == 50
+
+
+def test_the_wind_tunnel_rule_on_two_valued_outcomes():
+    """The wind tunnel's seeds end solved (about 0.001 bits) or with the query stuck (about
+    0.37): the paired rule at n = 5 against the margin 0.12 (a tenth of 1.2 bits)."""
+    def em_escapes(k, adamw_escapes=0):
+        em = [0.001] * k + [0.37] * (5 - k)
+        adamw = [0.001] * adamw_escapes + [0.37] * (5 - adamw_escapes)
+        return wind(AdamW=adamw, **{"EM-style": em}) | {"wt_init_kl_per_seed": [1.2] * 5}
+    read = BY_KEY["r8_wt_em_adamw"].read
+    assert read(em_escapes(5)).verdict == HOLDS and read(em_escapes(4)).verdict == HOLDS
+    assert read(em_escapes(3)).verdict == PARTLY
+    assert read(em_escapes(1)).verdict == INCONCLUSIVE
+    same = read(em_escapes(0))
+    assert same.verdict == FAILS and same.why.startswith(SAME)
+    assert read(em_escapes(2, adamw_escapes=1)).verdict == INCONCLUSIVE
+
+
+def test_the_wind_tunnel_rule_counts_a_diverged_run_at_its_start_and_needs_a_finite_start():
+    from attention_dynamics.claims import wt_final_kl, wt_margin
+
+    v = wind(AdamW=[None, 0.01, 0.01])
+    np.testing.assert_allclose(wt_final_kl(v, "AdamW"), [1.2, 0.01, 0.01])
+    r = BY_KEY["r8_wt_em_adamw"].read(v)
+    assert "1 run(s) diverged" in r.why
+    with pytest.raises(ValueError, match="wt_init_kl_per_seed must be finite"):
+        wt_margin(wind() | {"wt_init_kl_per_seed": [None, 1.2, 1.2]})
+    edge = wind() | {"wt_bracketed": {"AdamW": False, "EM-style": True, "SGD": True}}
+    assert BY_KEY["r8_wt_em_adamw"].read(edge).verdict == INCONCLUSIVE
+
+
+def test_the_wind_tunnel_controls_can_fail():
+    from attention_dynamics.claims import wt_controls
+
+    pos, neg = wt_controls(wind())
+    assert pos.verdict == HOLDS and neg.why.startswith(SAME)
+    # a margin past the stuck query's cost: the planted effect no longer registers
+    pos, _ = wt_controls(wind() | {"wt_init_kl_per_seed": [4.0] * 3})
+    assert pos.verdict != HOLDS
+    # a twin that ends far behind AdamW: the negative control says ahead, and the reading flags it
+    _, neg = wt_controls(wind(**{"control: AdamW twin": [0.4, 0.41, 0.39]}))
+    assert neg.verdict == HOLDS

@@ -349,14 +349,18 @@ def geometric_steps(steps, budget: int) -> float:
 SAME_SPEEDUP = 1.25
 
 
-def _tuned_controls(task: str):
+def tuned_controls(v, task: str) -> tuple[Reading, Reading]:
     """The rule on two arms where the answer is known: EM-style at half its tuned rate (it
     must be slower by more than the margin: about ln 2 against ln 1.25) and EM-style's twin
     at its rate × 1.05 (it must be the same)."""
+    steps, budget = v[f"{task}_test_steps_per_seed"], v[f"{task}_budget"]
+    return (steps_advantage(steps["control: EM-style at half its rate"], steps["EM-style"], budget),
+            steps_advantage(steps["control: EM-style twin"], steps["EM-style"], budget))
+
+
+def _tuned_controls(task: str):
     def read(v) -> str:
-        steps, budget = v[f"{task}_test_steps_per_seed"], v[f"{task}_budget"]
-        pos = steps_advantage(steps["control: EM-style at half its rate"], steps["EM-style"], budget)
-        neg = steps_advantage(steps["control: EM-style twin"], steps["EM-style"], budget)
+        pos, neg = tuned_controls(v, task)
         return (f"EM-style at half its rate (must hold): {pos.verdict}; its twin at × 1.05 (must be the same): "
                 f"{'the same' if neg.why.startswith(SAME) else neg.verdict}")
     return read

@@ -14,7 +14,7 @@ import numpy as np
 
 from .claims import (BY_KEY, FAILS, HOLDS, IMPLEMENTS, IN_PART, INCONCLUSIVE, PARTLY, SAME, UNMEASURED, as_losses,
                      geometric_steps, implements, paired_advantage, same_margin,
-                     steps_advantage, wt_compare, wt_controls, wt_final_kl)
+                     steps_advantage, tuned_controls, wt_compare, wt_controls, wt_final_kl)
 from .reference import SCRIPT_R7
 
 __all__ = ["SENTENCES", "sentence", "verdict_of"]
@@ -270,9 +270,7 @@ def _(v):
 
 def _controls_reading(task: str):
     def fn(v):
-        steps, budget = v[f"{task}_test_steps_per_seed"], v[f"{task}_budget"]
-        pos = steps_advantage(steps["control: EM-style at half its rate"], steps["EM-style"], budget)
-        neg = steps_advantage(steps["control: EM-style twin"], steps["EM-style"], budget)
+        pos, neg = tuned_controls(v, task)
         ok = pos.verdict == HOLDS and _said(neg) == "same"
         return (f"The rule's controls: EM-style at half its rate comes out {pos.verdict} (it must hold: slower by "
                 f"more than the margin), EM-style's twin at its rate × 1.05 comes out "
