@@ -73,6 +73,9 @@ EXPECTED_VERDICTS: dict[str, str] = {
     "r7_tuned_sgd": "does not hold",
     "r7_tuned_adam": "does not hold",
     "r7_fast_group": "observation only",
+    # issue 19 (new): the arms tuned for speed end above ln 8 on held-out data (SGD 2.18, Adam
+    # 2.90) where EM-style ends at 1.98: they overfit the one training sequence afterwards
+    "r7_tuned_final": "observation only",
     # issue 19: on the EM task, with the back-off from the edge of stability, no test seed
     # diverges and both controls hold; SGD 54 steps against EM-style's 94, interval -1.11 to
     # 0.005 (inconclusive); Adam 24 steps, -1.37, interval -2.29 to -0.44 (was inconclusive:
