@@ -82,6 +82,14 @@ EXPECTED_VERDICTS: dict[str, str] = {
     # the rates chosen at the edge lost seeds to divergence)
     "r6_tuned_sgd": "inconclusive",
     "r6_tuned_adam": "does not hold",
+    # issue 19 (new, beyond): the wind tunnel with only W_Q, W_K slowed (0.1x), each rate tuned on
+    # one seed kept apart: AdamW (3e-3) minus EM-style (base 3e-3) -0.017 +- 0.037 bits, 90%
+    # interval -0.097 to 0.063 inside the margin 0.128: the same; SGD (0.3, backed off from the
+    # edge) leaves the query stuck on every seed, 0.378 bits, interval -0.04 to 0.35: undecided.
+    # Controls: the planted stuck query holds; AdamW's twin is not ahead (inconclusive)
+    "r8_wt_em_adamw": "does not hold",
+    "r8_wt_em_sgd": "inconclusive",
+    "r8_wt_arms": "observation only",
     # issue 18 (new, beyond): the responsibility-normalized value step is 0.003 nats worse,
     # interval -0.005 to -0.000: within the no-effect band and below zero
     "beyond_mstep": "does not hold",
