@@ -6,8 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from attention_dynamics.book.render import summary_text
 from attention_dynamics.claims import (CLAIMS, FAILS, HOLDS, IDENTITY, INCONCLUSIVE, OBSERVED, PARTLY, UNMEASURED, evaluate,
-                                       summary_markdown, verdicts)
+                                       verdicts)
 from attention_dynamics.claims import NOT_TESTABLE, SAME, censored_log_steps, paired_advantage
 from attention_dynamics.reference import SCRIPT_R7
 
@@ -301,11 +302,11 @@ def test_the_script_itself_passes_every_script_comparison():
 
 def test_summary_box_and_phrases_follow_the_verdicts():
     v = protocol()
-    text = summary_markdown("sticky_chain", v, "paper")
+    text = summary_text("sticky_chain", v, "paper")
     assert text.count("**holds**") == 2 and text.count("**observation only**") == 4 and "profile `paper`" in text
     assert verdicts("sticky_chain", v)["r7_em_ahead"] == HOLDS
     assert verdicts("sticky_chain", protocol(em_final_per_seed=list(SCRIPT_R7["sgd_final"])))["r7_em_ahead"] == FAILS
-    assert "No claim of the paper is judged" in summary_markdown("sticky_chain_speed", {}, "quick")
+    assert "No claim of the paper is judged" in summary_text("sticky_chain_speed", {}, "quick")
 
 
 def test_identities_are_labelled_apart_from_the_papers_claims():
@@ -315,7 +316,7 @@ def test_identities_are_labelled_apart_from_the_papers_claims():
         assert kinds[key] == IDENTITY, key
     for key in ("r1_head", "r5_symmetry", "r7_speedup", "r8_calibration", "r9_ssm_law"):
         assert kinds[key] == "paper", key
-    text = summary_markdown("routing_law", {"max_rel_error_scores": 1e-15, "max_rel_error_other": 1e-15}, "quick")
+    text = summary_text("routing_law", {"max_rel_error_scores": 1e-15, "max_rel_error_other": 1e-15}, "quick")
     assert text.count("| identity |") == 2
 
 

@@ -29,7 +29,7 @@ Tasks and their exact posteriors (attention_dynamics.tasks)
 
 The paper's claims
     reference       what the paper and the authors' script report, with where each comes from
-    claims          every claim with the rule that judges it; each chapter's summary box
+    claims          every claim with the rule that judges it (rendered by book.render, book.scorecard)
     readings        the sentences a chapter phrases from its verdicts and numbers
 
 Measurements

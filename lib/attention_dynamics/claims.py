@@ -25,7 +25,7 @@ import numpy as np
 from .stats import mean_se
 from .reference import PAPER_I_CALIBRATION_BITS, PAPER_R7_SPEEDUP, SCRIPT_R7, SCRIPT_R7_SUMMARY
 
-__all__ = ["Reading", "Claim", "CLAIMS", "evaluate", "summary_markdown", "verdicts", "format_reading",
+__all__ = ["Reading", "Claim", "CLAIMS", "evaluate", "verdicts", "format_reading",
            "seed_ladder", "mean_se", "HOLDS", "PARTLY", "FAILS", "INCONCLUSIVE", "UNMEASURED", "OBSERVED",
            "VERDICTS", "IDENTITY", "PAPER", "BEYOND", "KINDS", "BY_KEY", "IDENTITIES", "CONTROLS", "NOT_TESTABLE"]
 
@@ -912,34 +912,6 @@ def evaluate(records: dict[str, dict]) -> list[dict]:
                        control=c.control(values) if c.control else "")
         rows.append(row)
     return rows
-
-
-def _cell(text: str) -> str:
-    """A table cell: a literal | (as in |cos|) would end the cell."""
-    return str(text).replace("|", "\\|")
-
-
-KIND_LABEL = {IDENTITY: "identity", PAPER: "paper", BEYOND: "beyond"}
-
-
-def summary_markdown(chapter: str, values: dict, profile: str) -> str:
-    """The summary box a chapter opens with: each of its claims, the paper's statement, our
-    number with its uncertainty and the verdict, by the same rules as the scorecard."""
-    rows = [r for r in evaluate({chapter: {"values": values}}) if r["chapter"] == chapter]
-    head = f"Summary of this page, computed from this run (profile `{profile}`)"
-    if not rows:
-        return (f":::{{admonition}} {head}\n:class: note\nNo claim of the paper is judged on this page; "
-                "it measures the book's own implementation.\n:::\n")
-    lines = [f":::{{admonition}} {head}", ":class: note", "",
-             "| Claim | Kind | Paper | Ours | Verdict |", "|---|---|---|---|---|"]
-    for r in rows:
-        why = f" ({r['why']})" if r.get("why") else ""
-        lines.append(f"| {r['result']}: {_cell(r['quantity'])} | {KIND_LABEL[r['kind']]} | {_cell(r['paper'])} | "
-                     f"{_cell(r['ours'])} | **{r['verdict']}**{_cell(why)} |")
-    lines += ["", "*Identity*: exact by construction, a check of the code and the algebra, not evidence for "
-              "the paper. *Paper*: the paper's claim, tested empirically. *Beyond*: the book's own "
-              "extension. The rule behind each verdict is on the page {doc}`../scorecard`.", ":::"]
-    return "\n".join(lines) + "\n"
 
 
 def verdicts(chapter: str, values: dict) -> dict[str, str]:

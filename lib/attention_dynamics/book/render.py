@@ -2,7 +2,7 @@
 with a directive and a role that read a chapter's record (``chapters/NAME.json`` beside the
 executed notebook) and judge it by today's rules.
 
-- ```` ```{claims-summary} ```` : the chapter's summary box (:func:`claims.summary_markdown`);
+- ```` ```{claims-summary} ```` : the chapter's summary box (:func:`summary_text`);
 - ``{reading}`NAME``` : the sentence NAME of the chapter (:mod:`attention_dynamics.readings`).
 
 A chapter records numbers and imports neither the claims nor the sentences, so its cache
@@ -18,7 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-__all__ = ["chapter_record", "summary_text", "reading_text", "setup", "main"]
+__all__ = ["chapter_record", "cell", "summary_text", "reading_text", "setup", "main"]
 
 
 def chapter_record(path: Path) -> tuple[dict, str]:
@@ -34,10 +34,32 @@ def chapter_record(path: Path) -> tuple[dict, str]:
     return record["values"], str(record.get("provenance", {}).get("profile", "?"))
 
 
-def summary_text(chapter: str, values: dict, profile: str) -> str:
-    from ..claims import summary_markdown
+def cell(text: str) -> str:
+    """A markdown table cell: a literal | (as in |cos|) would end the cell."""
+    return str(text).replace("|", "\\|")
 
-    return summary_markdown(chapter, values, profile)
+
+def summary_text(chapter: str, values: dict, profile: str) -> str:
+    """The summary box a chapter opens with: each of its claims, the paper's statement, our
+    number with its uncertainty and the verdict, by the same rules as the scorecard."""
+    from ..claims import BEYOND, IDENTITY, PAPER, evaluate
+
+    kind = {IDENTITY: "identity", PAPER: "paper", BEYOND: "beyond"}
+    rows = [r for r in evaluate({chapter: {"values": values}}) if r["chapter"] == chapter]
+    head = f"Summary of this page, computed from this run (profile `{profile}`)"
+    if not rows:
+        return (f":::{{admonition}} {head}\n:class: note\nNo claim of the paper is judged on this page; "
+                "it measures the book's own implementation.\n:::\n")
+    lines = [f":::{{admonition}} {head}", ":class: note", "",
+             "| Claim | Kind | Paper | Ours | Verdict |", "|---|---|---|---|---|"]
+    for r in rows:
+        why = f" ({r['why']})" if r.get("why") else ""
+        lines.append(f"| {r['result']}: {cell(r['quantity'])} | {kind[r['kind']]} | {cell(r['paper'])} | "
+                     f"{cell(r['ours'])} | **{r['verdict']}**{cell(why)} |")
+    lines += ["", "*Identity*: exact by construction, a check of the code and the algebra, not evidence for "
+              "the paper. *Paper*: the paper's claim, tested empirically. *Beyond*: the book's own "
+              "extension. The rule behind each verdict is on the page {doc}`../scorecard`.", ":::"]
+    return "\n".join(lines) + "\n"
 
 
 def reading_text(chapter: str, name: str, values: dict) -> str:

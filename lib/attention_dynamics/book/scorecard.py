@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 from ..claims import (BEYOND, FAILS, HOLDS, IDENTITY, INCONCLUSIVE, OBSERVED, PAPER, PARTLY, UNMEASURED, VERDICTS,
-                      _cell,
                       evaluate)
+from .render import cell
 
 __all__ = ["render", "write_scorecard", "read_records"]
 
@@ -58,10 +58,10 @@ def render(rows: list[dict], profiles: dict[str, str]) -> str:
         for r in part:
             link = f"{{doc}}`chapters/{r['chapter']}`" if r["chapter"] else "—"
             why = f"; {r['why']}" if r.get("why") else ""
-            cells = [r["result"], _cell(r["quantity"]), _cell(r["paper"]), _cell(r["ours"]),
-                     f"{ICON[r['verdict']]} ({_cell(r['rule'] + why)})"]
+            cells = [r["result"], cell(r["quantity"]), cell(r["paper"]), cell(r["ours"]),
+                     f"{ICON[r['verdict']]} ({cell(r['rule'] + why)})"]
             if control:
-                cells.append(_cell(r.get("control") or "—"))
+                cells.append(cell(r.get("control") or "—"))
             lines.append("| " + " | ".join(cells + [link]) + " |")
     lines += ["", "*Ours*: a single measurement, or the mean over seeds ± its standard error (n seeds)."]
     return "\n".join(lines) + "\n"
