@@ -255,6 +255,12 @@ PAIRED_RULE = ("the 90% interval of the paired differences (two one-sided tests 
                "partly if all above 0; else inconclusive (also with a non-finite difference or one seed)")
 
 
+def same_or_verdict(r: Reading) -> str:
+    """A paired reading in a word: 'the same' when it found the two within the margin, else
+    its verdict."""
+    return "the same" if r.why.startswith(SAME) else r.verdict
+
+
 def as_losses(values) -> np.ndarray:
     """Per-seed numbers from a record, where a diverged run was stored as null: inf."""
     return np.array([np.inf if x is None else x for x in values], dtype=float)
@@ -323,13 +329,20 @@ def _tuned_against(baseline: str, task: str = "sticky") -> Callable[[dict], Read
     way from ln 8 to the forward filter on each seed's held-out sequence; the EM task: its
     loss threshold), baseline against EM-style, paired over the test seeds."""
     def read(v):
-        edge = [m for m in (baseline, "EM-style") if not v[f"{task}_bracketed"][m]]
-        if edge:
-            return Reading(None, INCONCLUSIVE, why=f"the best rate of {' and '.join(edge)} lies at the end of its "
-                           "grid: the grid does not bracket it")
         steps = v[f"{task}_test_steps_per_seed"]
-        return steps_advantage(steps[baseline], steps["EM-style"], v[f"{task}_budget"])
+        return _unbracketed(v[f"{task}_bracketed"], baseline) or steps_advantage(
+            steps[baseline], steps["EM-style"], v[f"{task}_budget"])
     return read
+
+
+def _unbracketed(bracketed: dict, baseline: str) -> Reading | None:
+    """Inconclusive, and why, if the chosen rate of the baseline or of EM-style lies at the end
+    of its grid; None if both are bracketed."""
+    edge = [m for m in (baseline, "EM-style") if not bracketed[m]]
+    if not edge:
+        return None
+    return Reading(None, INCONCLUSIVE, why=f"the best rate of {' and '.join(edge)} lies at the end of its grid: the "
+                   "grid does not bracket it")
 
 
 def censored_log_steps(steps, budget: int) -> np.ndarray:
@@ -362,7 +375,7 @@ def _tuned_controls(task: str):
     def read(v) -> str:
         pos, neg = tuned_controls(v, task)
         return (f"EM-style at half its rate (must hold): {pos.verdict}; its twin at × 1.05 (must be the same): "
-                f"{'the same' if neg.why.startswith(SAME) else neg.verdict}")
+                f"{same_or_verdict(neg)}")
     return read
 
 
@@ -379,7 +392,7 @@ def wt_margin(v) -> float:
     tenth (SAME_SHARE, as on the sticky chain) of the KL of the models at initialization,
     what training has to remove, mean over the test seeds; named before the tuned runs. (A
     query position left stuck costs about three times the margin: the planted control.)"""
-    init = np.array([np.nan if x is None else x for x in v["wt_init_kl_per_seed"]], dtype=float)
+    init = as_losses(v["wt_init_kl_per_seed"])
     if not np.isfinite(init).all():
         raise ValueError(f"wt_init_kl_per_seed must be finite, got {v['wt_init_kl_per_seed']}")
     return SAME_SHARE * float(init.mean())
@@ -403,11 +416,7 @@ def _wt_against(baseline: str) -> Callable[[dict], Reading]:
     """The wind tunnel tuned: held-out KL at the end of training, baseline minus EM-style,
     paired over the test seeds."""
     def read(v):
-        edge = [m for m in (baseline, "EM-style") if not v["wt_bracketed"][m]]
-        if edge:
-            return Reading(None, INCONCLUSIVE, why=f"the best rate of {' and '.join(edge)} lies at the end of its "
-                           "grid: the grid does not bracket it")
-        return wt_compare(v, baseline, "EM-style")
+        return _unbracketed(v["wt_bracketed"], baseline) or wt_compare(v, baseline, "EM-style")
     return read
 
 
@@ -427,9 +436,8 @@ def wt_controls(v) -> tuple[Reading, Reading]:
 
 def _wt_controls(v) -> str:
     pos, neg = wt_controls(v)
-    twin = "the same" if neg.why.startswith(SAME) else neg.verdict
     return (f"a stuck query planted on AdamW's runs (must hold): {pos.verdict}; AdamW against its twin at × 1.05 "
-            f"(must not be ahead): {twin}")
+            f"(must not be ahead): {same_or_verdict(neg)}")
 
 
 def _wt_arms(v):

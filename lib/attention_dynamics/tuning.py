@@ -21,8 +21,8 @@ method that is fast and one that ends low both score; the paper's claim is about
 the loss at the last step alone would let every method's rate be tuned until it just
 reaches the same floor by then); a diverged trial counts as infinitely bad, and a rate
 next to one that diverged is passed over for the best rate one grid step further from the
-edge of stability. The choice is fixed before any test seed runs (Schmidt, Schneider and Hennig, *Descending through a
-Crowded Valley*, ICML 2021).
+edge of stability. The choice is fixed before any test seed runs (Schmidt, Schneider and
+Hennig, *Descending through a Crowded Valley*, ICML 2021).
 """
 from __future__ import annotations
 
