@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 
 from attention_dynamics.book.render import summary_text
-from attention_dynamics.claims import (CLAIMS, FAILS, HOLDS, IDENTITY, INCONCLUSIVE, OBSERVED, PARTLY, UNMEASURED, evaluate,
-                                       verdicts)
-from attention_dynamics.claims import NOT_TESTABLE, SAME, censored_log_steps, paired_advantage
+from attention_dynamics.claims import CLAIMS, evaluate, verdicts
+from attention_dynamics.rules import FAILS, HOLDS, IDENTITY, INCONCLUSIVE, OBSERVED, PARTLY, UNMEASURED
+from attention_dynamics.claims import NOT_TESTABLE
+from attention_dynamics.rules import SAME, censored_log_steps, paired_advantage
 from attention_dynamics.reference import SCRIPT_R7
 
 BY_KEY = {c.key: c for c in CLAIMS}
@@ -326,7 +327,7 @@ def test_a_chapter_that_did_not_run_is_not_judged():
 
 
 def test_the_seed_ladder_judges_the_interval_not_the_mean():
-    from attention_dynamics.claims import seed_ladder
+    from attention_dynamics.rules import seed_ladder
 
     # lower is better, bars 0.01 (holds) and 0.02 (partly); three seeds: mean ± 4.30 se
     assert seed_ladder([0.004, 0.005, 0.006], 0.01, 0.02, higher_is_better=False).verdict == HOLDS
@@ -357,7 +358,8 @@ def test_the_seed_ladder_judges_the_interval_not_the_mean():
 def test_seeds_for_band_is_the_fewest_whose_interval_fits_the_band():
     from scipy.stats import t as student_t
 
-    from attention_dynamics.claims import PAPER_SPEEDUP_BAND, seeds_for_band
+    from attention_dynamics.claims import PAPER_SPEEDUP_BAND
+    from attention_dynamics.rules import seeds_for_band
 
     room = 1 - 1 / PAPER_SPEEDUP_BAND
     half = lambda n, cv: float(student_t.ppf(0.95, n - 1)) * cv / np.sqrt(n)  # noqa: E731

@@ -50,7 +50,8 @@ def test_comparison_detects_a_wrong_law(monkeypatch):
     import attention_dynamics.laws as laws
 
     monkeypatch.setattr(laws, "routing_gradient", lambda w, b: w * b)
-    cfg = GradConfig(2, 2, 5, 5, 4, 3, 3, 4, True, False, "cross_entropy")
+    cfg = GradConfig(batch=2, heads=2, T=5, S=5, d_x=4, d_k=3, d_v=3, n_classes=4, causal=True, padding=False,
+                     loss="cross_entropy")
     errors = compare_with_autograd(cfg, 0)
     assert errors["scores"][1] > 1e-3 and errors["W_Q"][1] > 1e-3
 

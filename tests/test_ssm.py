@@ -12,25 +12,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from attention_dynamics.gradcheck import random_ssm_inputs, relative_error
 from attention_dynamics.ssm import SSMConfig, SSMModel, ssm_backward, ssm_scan, ssm_weights
 from attention_dynamics.tasks.primitives import Accumulation, Binding, Transport, make_task
 
 
 def _inputs(Bt, T, Dc, N, seed):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(Bt, T, Dc, generator=g, dtype=torch.float64)
-    delta = torch.rand(Bt, T, Dc, generator=g, dtype=torch.float64) * 0.8 + 0.02
-    A = -(torch.rand(Dc, N, generator=g, dtype=torch.float64) * 3 + 0.05)
-    B = torch.randn(Bt, T, N, generator=g, dtype=torch.float64)
-    C = torch.randn(Bt, T, N, generator=g, dtype=torch.float64)
-    D = torch.randn(Dc, generator=g, dtype=torch.float64)
-    return x, delta, A, B, C, D
-
-
-def _rel(a, b, scale: float | None = None):
-    """max |a - b| relative to ``scale`` (default max |b|; the absolute error where it is 0)."""
-    scale = float(b.abs().max()) if scale is None else scale
-    return float((a - b).abs().max()) / scale if scale > 0 else float((a - b).abs().max())
+    return random_ssm_inputs(Bt, T, Dc, N, seed)[:6]
 
 
 @settings(max_examples=40, deadline=None, derandomize=True)
@@ -41,7 +29,7 @@ def test_the_materialized_weights_are_the_recurrence(Bt, T, Dc, N, seed):
     w = ssm_weights(delta, A, B, C)
     assert w.shape == (Bt, Dc, T, T) and torch.all(w.triu(1) == 0)
     routed = torch.einsum("bctj,bjc->btc", w, x) + D * x
-    assert _rel(routed, ssm_scan(x, delta, A, B, C, D)) <= 1e-12
+    assert relative_error(routed, ssm_scan(x, delta, A, B, C, D)) <= 1e-12
 
 
 @settings(max_examples=40, deadline=None, derandomize=True)
@@ -59,10 +47,10 @@ def test_the_closed_form_gradients_are_autograds(Bt, T, Dc, N, seed):
     # the rounding of its terms, and no relative error against zero can hold
     largest = max(float(a.abs().max()) for a in auto)
     for name, a in zip(("x", "delta", "A", "B", "C", "D"), auto):
-        assert _rel(getattr(closed, name), a, largest) <= 1e-12, name
+        assert relative_error(getattr(closed, name), a, scale=largest) <= 1e-12, name
     w = ssm_weights(delta, A, B, C).requires_grad_()
     (dw,) = torch.autograd.grad(torch.einsum("bctj,bjc->btc", w, x), w, u)
-    assert _rel(closed.b, dw * torch.ones(T, T, dtype=torch.float64).tril()) <= 1e-12
+    assert relative_error(closed.b, dw * torch.ones(T, T, dtype=torch.float64).tril()) <= 1e-12
 
 
 def test_a_slightly_wrong_closed_form_is_caught(monkeypatch):
@@ -78,7 +66,7 @@ def test_a_slightly_wrong_closed_form_is_caught(monkeypatch):
     monkeypatch.setattr(ssm, "_decay", lambda d, a: right(d, a * (1 + 1e-6)))
     wrong = ssm_backward(u, x, delta, A, B, C, D)
     for name, a in zip(("delta", "A", "B", "C"), auto[1:5]):
-        assert _rel(getattr(wrong, name), a) > 1e-9, name
+        assert relative_error(getattr(wrong, name), a) > 1e-9, name
 
 
 def test_the_block_is_mambapys_block():
@@ -86,7 +74,7 @@ def test_the_block_is_mambapys_block():
     float32, to rounding; in float64, to 1e-14 against both of its scans once A and D are
     rounded to float32 as mambapy does internally (it casts A_log and D to float32)."""
     pytest.importorskip("mambapy.mamba")
-    from attention_dynamics.gradcheck import mambapy_agreement
+    from attention_dynamics.ssm_reference import mambapy_agreement
 
     rows = mambapy_agreement([(16, 4, 2, 11), (8, 16, 1, 5), (32, 8, 2, 1), (24, 3, 3, 17)])
     for r in rows:
