@@ -364,10 +364,10 @@ def test_seeds_for_band_is_the_fewest_whose_interval_fits_the_band():
     room = 1 - 1 / PAPER_SPEEDUP_BAND
     half = lambda n, cv: float(student_t.ppf(0.95, n - 1)) * cv / np.sqrt(n)  # noqa: E731
     for cv in (0.01, 0.1, 0.4, 1.0):
-        n = seeds_for_band(cv)
+        n = seeds_for_band(cv, PAPER_SPEEDUP_BAND)
         assert half(n, cv) <= room and (n == 2 or half(n - 1, cv) > room), (cv, n)
-    assert seeds_for_band(0.4) > 5  # the R7 runs' spread: five seeds cannot decide
-    assert seeds_for_band(1e6, most=50) == 50
+    assert seeds_for_band(0.4, PAPER_SPEEDUP_BAND) > 5  # the R7 runs' spread: five seeds cannot decide
+    assert seeds_for_band(1e6, PAPER_SPEEDUP_BAND, most=50) == 50
 
 
 def test_the_wind_tunnel_rule_on_two_valued_outcomes():

@@ -13,7 +13,7 @@ __all__ = ["library_digest", "cache_key", "cached_result", "file_digest"]
 
 
 def library_digest(job: Job) -> str:
-    """The digest of the library modules the chapter imports (transitively)."""
+    """The SHA-256 of the library modules the chapter imports (transitively)."""
     return module_digest(chapter_modules(Path(job.notebook)))
 
 

@@ -48,7 +48,7 @@ def _parse_assignments(items: list[str], flag: str) -> dict:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog=CLI, description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--profile", choices=PROFILES, default="paper", help="parameter profile (default: paper)")
@@ -63,7 +63,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, help="chapters (or grid points) run side by side on a local process "
                     "pool of this size (at least 1; default: one per usable CPU)")
     ap.add_argument("--scheduler", metavar="ADDRESS", help="run the grid on a Dask cluster (e.g. tcp://host:8786)")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def _check_flags(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The combinations of flags that cannot work, refused before anything runs."""
     if args.book and (args.only or args.set or args.out or args.grid):
         ap.error("--book builds every chapter into book/chapters; it does not combine with --only, --set, --grid or --out")
     if args.scheduler and not args.grid:
@@ -72,6 +76,12 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--workers must be at least 1, got {args.workers}")
     if args.workers is not None and args.scheduler:
         ap.error("--workers and --scheduler are two ways to run a grid; give one")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = _parser()
+    args = ap.parse_args(argv)
+    _check_flags(ap, args)
     try:
         root = find_root()
         overrides = _parse_assignments(args.set, "--set")

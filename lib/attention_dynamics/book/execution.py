@@ -61,15 +61,9 @@ def execute(job: Job, progress_bar: bool = False) -> JobResult:
         seconds = time.perf_counter() - start
         if not tmp_rec.is_file():
             raise NotebookFailed(job.stem, None, "MissingRecord", "the notebook ran but saved no record (call rec.save())")
-        record = json.loads(tmp_rec.read_text(encoding="utf-8"))
-        record["provenance"] = provenance(job, key, seconds)
-        record["provenance"]["paths"] = record.pop("paths", {})
-        record["provenance"]["notebook_sha256"] = file_digest(Path(job.notebook))
-        record["provenance"]["library_digest"] = library_digest(job)
-        append_provenance(tmp_nb, record["provenance"], repository(Path(job.root)))
-        record["provenance"]["output_sha256"] = file_digest(tmp_nb)
+        record = _stamped_record(job, key, seconds, tmp_nb, tmp_rec)
         # The notebook first, then the record that vouches for it: a crash in between
-        # leaves a record whose digest does not match, which only means the next run
+        # leaves a record whose SHA-256 does not match, which only means the next run
         # executes again.
         os.chmod(tmp_nb, 0o644)
         os.replace(tmp_nb, job.output)
@@ -77,6 +71,20 @@ def execute(job: Job, progress_bar: bool = False) -> JobResult:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return JobResult(job.stem, "ran", seconds, record)
+
+
+def _stamped_record(job: Job, key: str, seconds: float, tmp_nb: Path, tmp_rec: Path) -> dict:
+    """The record the notebook saved, with its provenance: the run's, the computation paths
+    it took, the SHA-256 of the source notebook and of the library it imports, and (after
+    the provenance footer is appended to the executed notebook) that notebook's SHA-256."""
+    record = json.loads(tmp_rec.read_text(encoding="utf-8"))
+    record["provenance"] = provenance(job, key, seconds)
+    record["provenance"]["paths"] = record.pop("paths", {})
+    record["provenance"]["notebook_sha256"] = file_digest(Path(job.notebook))
+    record["provenance"]["library_digest"] = library_digest(job)
+    append_provenance(tmp_nb, record["provenance"], repository(Path(job.root)))
+    record["provenance"]["output_sha256"] = file_digest(tmp_nb)
+    return record
 
 
 def _remove_stale_work_dirs(out_dir: Path, stem: str) -> None:
