@@ -63,3 +63,10 @@ def test_the_runner_refuses_an_out_of_range_set_before_the_chapter_starts():
         make_jobs(ROOT, "quick", only=["routing_law"], overrides={"n_configs": 0})
     (job,) = make_jobs(ROOT, "quick", only=["routing_law"], overrides={"n_configs": 3})  # inside: accepted
     assert job.parameters["n_configs"] == 3
+
+
+def test_the_tuned_chapters_seed_bound_leaves_room_for_the_held_out_sequences():
+    from attention_dynamics.tuning import HELD_OUT
+
+    for name in ("tuning_seeds", "test_seeds", "cluster_tuning_seeds", "cluster_test_seeds"):
+        assert declarations("tuned_baselines")[name]["max"] == 2**31 - 1 - HELD_OUT, name

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -93,7 +94,8 @@ def test_sampler_follows_the_chain_and_is_deterministic():
 def test_blocked_step_matches_autograd_in_float64(block):
     seq = sc.sample_sequences([5, 6], n_states_seq=120, dtype=torch.float64)
     p = init_heads([5, 6], std=0.5, dtype=torch.float64)
-    loss, grads, stats = blocked_causal_step(p, seq.x, seq.y, block=block, stats=True)
+    step = blocked_causal_step(p, seq.x, seq.y, block=block, stats=True)
+    loss, grads, stats = step.loss, step.grads, step.stats
     leaves = {n: t.clone().requires_grad_(True) for n, t in p.items()}
     alpha, logp = dense_causal_forward(leaves, seq.x)
     ref = -logp.gather(-1, seq.y[..., None]).squeeze(-1).mean(-1)
@@ -242,9 +244,10 @@ def _head_violations(p, seq, got, ref) -> dict[str, float]:
     top2 = dense_causal_forward(p64, seq.x.double())[1].topk(2, dim=-1).values
     T = seq.x.shape[1]
     tol["accuracy"] = ((top2[..., 0] - top2[..., 1]) <= 2 * tol["logits"]).sum(-1) / T + gamma(T)
-    pairs = {"loss": (got[0], ref[0])}
-    pairs.update({n: (got[1][n], ref[1][n]) for n in ("W_Q", "W_K", "W_V", "W_O", "dV", "N")})
-    pairs.update({f: (getattr(got[2], f), getattr(ref[2], f)) for f in ("entropy", "accuracy", "attention_entropy")})
+    pairs = {"loss": (got.loss, ref.loss)}
+    pairs.update({n: (got.grads[n], ref.grads[n]) for n in ("W_Q", "W_K", "W_V", "W_O")})
+    pairs.update({n: (getattr(got, n), getattr(ref, n)) for n in ("dV", "N")})
+    pairs.update({f: (getattr(got.stats, f), getattr(ref.stats, f)) for f in ("entropy", "accuracy", "attention_entropy")})
     out = {}
     for name, (value, want) in pairs.items():
         err = (value.double() - want).abs().reshape(len(tol[name]), -1).amax(-1)
@@ -267,12 +270,13 @@ def test_the_kernels_bounds_reject_a_planted_error(name, factor):
     exact values with one quantity off by a few per cent (routing gradients by 20-25%, the
     cancelling sums whose float32 bound is widest) fall outside the bounds."""
     seq, p, ref = _head_case(18, 3, 1)
-    loss, grads, stats = ref[0].clone(), {n: g.clone() for n, g in ref[1].items()}, ref[2]
     if name == "loss":
-        loss = loss * factor
+        got = replace(ref, loss=ref.loss * factor)
+    elif name == "N":
+        got = replace(ref, N=ref.N * factor)
     else:
-        grads[name] = grads[name] * factor
-    shares = _head_violations(p, seq, (loss, grads, stats), ref)
+        got = replace(ref, grads={**ref.grads, name: ref.grads[name] * factor})
+    shares = _head_violations(p, seq, got, ref)
     assert shares[name] > 1 and max(v for k, v in shares.items() if k != name) == 0
 
 
@@ -302,7 +306,7 @@ def test_the_kernels_bounds_reject_realistic_bugs(bug, caught):
     seq, p, ref = _head_case(18, 3, 1)
     p64 = {n: t.double() for n, t in p.items()}
     loss, grads = _buggy_head(p64, seq.x.double(), seq.y, bug)
-    got = (loss, dict(ref[1], **grads), ref[2])
+    got = replace(ref, loss=loss, grads={**ref.grads, **grads})
     shares = _head_violations(p, seq, got, ref)
     assert all(shares[q] > 1 for q in caught), shares
 
@@ -331,10 +335,10 @@ def test_the_compiled_kernel_computes_the_torch_paths_closed_forms(monkeypatch, 
     for label, got in (("kernel", a), ("PyTorch float32", b)):
         shares = _head_violations(p, seq, got, ref)
         assert max(shares.values()) <= 1, f"{label}: errors as shares of their bounds {shares}"
-    loss_only, none, _ = blocked_causal_step(p, seq.x, seq.y, grads=False, native=True)
-    assert none is None and torch.equal(loss_only, a[0])
+    loss_only = blocked_causal_step(p, seq.x, seq.y, grads=False, native=True)
+    assert loss_only.grads is None and loss_only.dV is None and torch.equal(loss_only.loss, a.loss)
     monkeypatch.setenv("ATTENTION_DYNAMICS_NATIVE", "0")  # switched off: the torch path, the same numbers
     with pytest.raises(NativeUnavailable):
         blocked_causal_step(p, seq.x, seq.y, native=True)
-    assert torch.equal(blocked_causal_step(p, seq.x, seq.y)[0], b[0])
+    assert torch.equal(blocked_causal_step(p, seq.x, seq.y).loss, b.loss)
 
