@@ -20,7 +20,7 @@ W_V: (R, d_x, d_v), W_O: (R, d_v, C).
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 from torch import Tensor
@@ -159,14 +159,22 @@ def _torch_step(params, x, y, *, block, grads, stats, value_info):
     st = BlockedStats(loss, ent, acc, att_ent) if stats else None
     if not grads:
         return BlockedStep(loss, stats=st)
+    return _with_parameter_gradients(BlockedStep(loss, stats=st), x, V, W_O, dQt, dKt, Mt, value_info)
+
+
+def _with_parameter_gradients(step: BlockedStep, x: Tensor, V: Tensor, W_O: Tensor, dQt: Tensor, dKt: Tensor,
+                              Mt: Tensor, value_info: bool) -> BlockedStep:
+    """``step`` with the four matrices' gradients, from the accumulated (transposed) query and
+    key gradients and M^T = (sum_i alpha_ij dz_i)^T, whose extra last row holds N_j."""
+    C = W_O.shape[-1]
     M = Mt[:, :C].transpose(1, 2)  # (R, T, C)
     dV = M @ W_O.transpose(1, 2)  # dL/dv_j = sum_i alpha_ij u_i = (sum_i alpha_ij dz_i) W_O^T
     xt = x.transpose(1, 2)
     g_all = {"W_Q": torch.bmm(xt, dQt.transpose(1, 2)), "W_K": torch.bmm(xt, dKt.transpose(1, 2)),
              "W_V": torch.bmm(xt, dV), "W_O": torch.bmm(V.transpose(1, 2), M)}
     if value_info:
-        return BlockedStep(loss, g_all, st, dV, Mt[:, C])
-    return BlockedStep(loss, g_all, st)
+        return replace(step, grads=g_all, dV=dV, N=Mt[:, C])
+    return replace(step, grads=g_all)
 
 
 def _add_block_stats(ent: Tensor, acc: Tensor, att_ent: Tensor, logp: Tensor, alpha: Tensor, yb: Tensor,
