@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from attention_dynamics.causal_head import (blocked_causal_step, causal_head_loss_fn, dense_causal_forward, init_heads,
-                                           protocol_rates, train_reference)
+                                           protocol_batch, protocol_rates, train_reference)
 from attention_dynamics.tasks import sticky_chain as sc
 from attention_dynamics.training import SGD, NormalizedValueStep, train
 
@@ -109,10 +109,10 @@ def test_blocked_step_matches_autograd_in_float64(block):
 
 def test_fast_path_equals_naive_path_on_a_short_run():
     seeds, steps = [42, 2024], 25
-    seq = sc.sample_sequences(seeds, n_states_seq=300)
-    names = ["SGD", "SGD", "EM-style", "EM-style"]
-    x, y = torch.cat([seq.x, seq.x]), torch.cat([seq.y, seq.y])
-    h = train(init_heads(seeds + seeds), causal_head_loss_fn(x, y, block=32), SGD(protocol_rates(names)), steps)
+    batch = protocol_batch(seeds, 300)
+    seq, names = batch.sequences, batch.names
+    assert names == ["SGD", "SGD", "EM-style", "EM-style"]
+    h = train(batch.params, causal_head_loss_fn(batch.x, batch.y, block=32), SGD(protocol_rates(names)), steps)
     for i, name in enumerate(names):
         naive = train_reference(seeds[i % 2], seq.x[i % 2], seq.y[i % 2], name, steps)
         assert np.allclose(h.loss[:, i], naive, atol=1e-5), name

@@ -31,7 +31,7 @@ from .tasks.sticky_chain import D_X, N_STATES, StickySequence, sample_sequences
 from .training import HEAD_ROLES, SGD, History, StepOutput, em_style, head_rates, train
 from .validation import check_float, check_int, check_int_list, check_same_dtype_device, check_tensor
 
-__all__ = ["BlockedStats", "BlockedStep", "blocked_causal_step", "causal_head_loss_fn", "dense_causal_forward", "D_K", "D_V",
+__all__ = ["BlockedStats", "BlockedStep", "ProtocolBatch", "protocol_batch", "blocked_causal_step", "causal_head_loss_fn", "dense_causal_forward", "D_K", "D_V",
            "PROTOCOL_SCHEDULES", "init_heads", "protocol_rates", "train_reference", "ProtocolConfig", "ProtocolRun", "run_protocol"]
 
 
@@ -268,6 +268,27 @@ D_K, D_V = 10, 15  # the protocol's head: d_k = 10, d_v = 15
 PROTOCOL_SCHEDULES = {"SGD": em_style(0.01, 0.01), "EM-style": em_style(0.01, 0.1)}
 
 
+@dataclass(frozen=True)
+class ProtocolBatch:
+    """The protocol's runs side by side, one batch: SGD on every seed, then EM-style on the
+    same seeds (``names``), each pair from the same initial head (``params``) on its seed's
+    training sequence (``sequences``; ``x``, ``y`` repeat them for the two schedules)."""
+    names: list[str]
+    sequences: StickySequence
+    x: Tensor
+    y: Tensor
+    params: dict[str, Tensor]
+
+
+def protocol_batch(seeds, seq_len: int) -> ProtocolBatch:
+    """The SGD and EM-style runs of the protocol on ``seeds``, as one batch of 2 len(seeds)
+    runs (:class:`ProtocolBatch`)."""
+    seeds = list(seeds)
+    seq = sample_sequences(seeds, n_states_seq=seq_len)
+    return ProtocolBatch(["SGD"] * len(seeds) + ["EM-style"] * len(seeds), seq, torch.cat([seq.x, seq.x]),
+                         torch.cat([seq.y, seq.y]), init_heads(seeds + seeds))
+
+
 def init_heads(seeds, *, std: float = 0.1, d_x: int = D_X, d_k: int = D_K, d_v: int = D_V,
                n_classes: int = N_STATES, dtype=torch.float32) -> dict[str, Tensor]:
     """W_Q, W_K, W_V, W_O ~ N(0, std^2) for each seed, stacked on a leading run axis, drawn
@@ -381,11 +402,8 @@ def run_protocol(config: ProtocolConfig, *, progress: bool = True) -> ProtocolRu
     import time
 
     seeds, n_steps, block = list(config.seeds), config.n_steps, config.block
-    k = len(seeds)
-    seq = sample_sequences(seeds, n_states_seq=config.seq_len)
-    names = ["SGD"] * k + ["EM-style"] * k
-    x, y = torch.cat([seq.x, seq.x]), torch.cat([seq.y, seq.y])
-    params = init_heads(seeds + seeds)
+    batch = protocol_batch(seeds, config.seq_len)
+    seq, names, x, y, params = batch.sequences, batch.names, batch.x, batch.y, batch.params
     window_x = x[:, :config.window]
 
     def checkpoint(step, p, out):
