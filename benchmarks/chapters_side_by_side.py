@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from attention_dynamics.machine import cpu_model
-from attention_dynamics.book.runner import usable_cpus
+from attention_dynamics.book.scheduling import usable_cpus
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPETITOR = "import numpy as np\na = np.random.rand(1500, 1500)\nwhile True:\n    a @ a\n"

@@ -26,15 +26,16 @@ from torch.func import functional_call, grad, stack_module_state, vmap
 import attention_dynamics.native as native
 import attention_dynamics.transformer as tr
 from attention_dynamics.machine import cpu_model
+from attention_dynamics.tasks import sticky_chain as sc
 from attention_dynamics.transformer import CausalTransformer, TransformerConfig
 
 CFG = TransformerConfig(n_out=8, d_model=64, n_layers=4, n_heads=4, d_ff=256, dropout=0.1, input="linear", d_in=20)
-T, SEEDS = 1999, 5
+T, N_SEEDS = 1999, len(sc.SEEDS)  # the protocol's sequence length, the five seeds
 
 
 def models() -> list[CausalTransformer]:
     out = []
-    for s in range(SEEDS):
+    for s in range(N_SEEDS):
         torch.manual_seed(s)
         out.append(CausalTransformer(CFG))
     return out
@@ -67,7 +68,7 @@ def serial(x, y, steps: int) -> float:
     start = time.perf_counter()
     for _ in range(steps):
         step()
-    return (time.perf_counter() - start) / steps / SEEDS
+    return (time.perf_counter() - start) / steps / N_SEEDS
 
 
 def batched(x, y, steps: int) -> float:
@@ -83,7 +84,7 @@ def batched(x, y, steps: int) -> float:
     start = time.perf_counter()
     for _ in range(steps):
         g(params, buffers, x, y)
-    return (time.perf_counter() - start) / steps / SEEDS
+    return (time.perf_counter() - start) / steps / N_SEEDS
 
 
 def main() -> None:
@@ -92,7 +93,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.steps < 1:
         ap.error(f"--steps must be >= 1, got {args.steps}")
-    x, y = torch.randn(SEEDS, 1, T, 20), torch.randint(0, 8, (SEEDS, 1, T))
+    x, y = torch.randn(N_SEEDS, 1, T, 20), torch.randint(0, 8, (N_SEEDS, 1, T))
     res = {}
     for threads in (1, 2):
         torch.set_num_threads(threads)
@@ -105,7 +106,7 @@ def main() -> None:
     # Function: checks off, SDPA
     with attention_through(False), mock.patch.object(tr, "check_model_input", lambda *a, **k: None):
         res["vmap over the 5 seeds (SDPA, gradients only), 1 thread"] = batched(x, y, args.steps)
-    print(f"CPU: {cpu_model()}; T = {T}, {SEEDS} seeds, {args.steps} timed steps each")
+    print(f"CPU: {cpu_model()}; T = {T}, {N_SEEDS} seeds, {args.steps} timed steps each")
     base = res["PyTorch SDPA, 1 thread(s)"]
     for k, v in res.items():
         print(f"{k:58s} {1000 * v:7.1f} ms per seed-step   {base / v:5.2f}x SDPA with 1 thread")

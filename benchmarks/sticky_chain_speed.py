@@ -28,7 +28,7 @@ import time
 import numpy as np
 import torch
 
-from attention_dynamics.causal_head import (D_K, D_V, causal_head_loss_fn, init_heads, protocol_rates,
+from attention_dynamics.causal_head import (D_K, D_V, causal_head_loss_fn, protocol_batch, protocol_rates,
                                             train_reference)
 from attention_dynamics.machine import cpu_model
 from attention_dynamics.native import NativeUnavailable, causal_head_kernel
@@ -88,9 +88,10 @@ def matmul_gflops(threads: int, n: int = 1024, repeats: int = 20) -> float:
     return 2 * n**3 / best / 1e9
 
 
-def time_fast(seeds, x, y, names, steps, block, native):
-    params = init_heads(seeds + seeds)
-    loss_fn = causal_head_loss_fn(x, y, block=block, native=native)
+def time_fast(seeds, seq_len, steps, block, native):
+    batch = protocol_batch(seeds, seq_len)  # fresh heads: training changes them in place
+    params, names = batch.params, batch.names
+    loss_fn = causal_head_loss_fn(batch.x, batch.y, block=block, native=native)
     with PeakRSS() as mem:
         start = time.perf_counter()
         hist = train(params, loss_fn, SGD(protocol_rates(names)), steps)
@@ -111,25 +112,22 @@ def main() -> int:
 
     torch.set_num_threads(torch.get_num_threads())
     seeds = args.seeds
-    seq = sc.sample_sequences(seeds, n_states_seq=args.seq_len)
-    names = ["SGD"] * len(seeds) + ["EM-style"] * len(seeds)
+    batch = protocol_batch(seeds, args.seq_len)
+    seq, names = batch.sequences, batch.names
     runs = len(names)
     print(f"{runs} runs x {args.steps} steps, T = {args.seq_len - 1} positions, {torch.get_num_threads()} threads")
-
-    x = torch.cat([seq.x, seq.x])
-    y = torch.cat([seq.y, seq.y])
     try:
         causal_head_kernel(D_K, sc.N_STATES)
         native = True
     except NativeUnavailable as e:
         print(f"no compiled kernel ({e}): the fast path is the PyTorch one")
         native = False
-    fast_final, fast_ms, fast_s, fast_mib = time_fast(seeds, x, y, names, args.steps, args.block, native)
+    fast_final, fast_ms, fast_s, fast_mib = time_fast(seeds, args.seq_len, args.steps, args.block, native)
     label = "fast (compiled kernel)" if native else "fast (PyTorch)"
     print(f"{label:24s}: {fast_s:8.1f} s  {fast_ms:7.2f} ms per run-step  peak memory +{fast_mib:7.1f} MiB")
     finals = {label: fast_final}
     if args.torch_path and native:
-        t_final, t_ms, t_s, t_mib = time_fast(seeds, x, y, names, args.steps, args.block, False)
+        t_final, t_ms, t_s, t_mib = time_fast(seeds, args.seq_len, args.steps, args.block, False)
         print(f"{'PyTorch blocked path':24s}: {t_s:8.1f} s  {t_ms:7.2f} ms per run-step  peak memory +{t_mib:7.1f} MiB")
         finals["PyTorch blocked path"] = t_final
 

@@ -8,7 +8,8 @@ import pytest
 
 from attention_dynamics.book.profiles import find_root
 from attention_dynamics.book.profiles import load_profiles
-from attention_dynamics.book.runner import make_jobs, run_chapters
+from attention_dynamics.book.jobs import make_jobs
+from attention_dynamics.book.scheduling import run_chapters
 
 ROOT = Path(__file__).resolve().parents[1]
 # Figures of the library's own tests (not the notebooks') need no screen.

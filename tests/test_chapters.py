@@ -10,7 +10,8 @@ import pytest
 def identities_hold(chapter: str, values: dict) -> bool:
     """Every identity row of the chapter holds, judged by the claims' rules (the one home of
     their thresholds), and there is at least one."""
-    from attention_dynamics.claims import CLAIMS, HOLDS
+    from attention_dynamics.claims import CLAIMS
+    from attention_dynamics.rules import HOLDS
 
     rows = [c for c in CLAIMS if c.chapter == chapter and c.kind == "identity"]
     return bool(rows) and all(c.read(values).verdict == HOLDS for c in rows)
@@ -209,7 +210,8 @@ def test_inference_primitives_chapter(quick_runs):
 def test_scorecard_rows_come_from_the_records(root, quick_runs):
     from attention_dynamics.book.profiles import load_profiles
     from attention_dynamics.book.scorecard import render
-    from attention_dynamics.claims import CLAIMS, VERDICTS, evaluate
+    from attention_dynamics.claims import CLAIMS, evaluate
+    from attention_dynamics.rules import VERDICTS
 
     chapters = load_profiles(root)
     assert {c.chapter for c in CLAIMS if c.chapter} <= set(chapters)
@@ -237,7 +239,7 @@ def test_every_chapter_opens_with_a_summary_rendered_from_its_record(root, quick
 
     from attention_dynamics.book.profiles import load_profiles
     from attention_dynamics.book.render import reading_text, summary_text
-    from attention_dynamics.claims import VERDICTS
+    from attention_dynamics.rules import VERDICTS
 
     for name in load_profiles(root):
         record = quick_runs(name)
@@ -260,14 +262,15 @@ def test_no_chapter_imports_the_rules(root):
 
     for nb in sorted((root / "notebooks").glob("*.ipynb")):
         names = {p.name for p in chapter_modules(nb)}
-        assert not names & {"claims.py", "readings.py"}, nb.stem
+        assert not names & {"claims.py", "rules.py", "readings.py"}, nb.stem
 
 
 def test_outcome_sentences_follow_the_results(root, quick_runs, tmp_path):
     """Rerun a chapter with parameters that take its outcome away, and feed its record other
     outcomes: the rendered sentence and the summary's verdict change with them (no outcome
     is fixed text)."""
-    from attention_dynamics.book.runner import execute, make_jobs
+    from attention_dynamics.book.execution import execute
+    from attention_dynamics.book.jobs import make_jobs
     from attention_dynamics.claims import verdicts
     from attention_dynamics.readings import sentence
 
@@ -357,7 +360,8 @@ def test_the_pytorch_paths_give_every_chapter_the_same_claims(quick_runs, root, 
     the difference on."""
     from attention_dynamics.book.compare import compare
     from attention_dynamics.book.profiles import load_profiles
-    from attention_dynamics.book.runner import make_jobs, run_chapters
+    from attention_dynamics.book.jobs import make_jobs
+    from attention_dynamics.book.scheduling import run_chapters
 
     kernel = {name: quick_runs(name) for name in load_profiles(root)}
     used = sorted(n for n, r in kernel.items() if any(p.startswith("kernel") for p in r["provenance"]["paths"].values()))

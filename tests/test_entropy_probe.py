@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import pytest
 import torch
 
@@ -193,10 +192,10 @@ def test_representations_are_the_tensors_they_claim():
     B_, H_, T_, dh = traces[1].attention.output.shape
     cat = lambda t: t.transpose(1, 2).reshape(B_, T_, H_ * dh)[:, pos]  # noqa: E731
     assert all(r.shape == (7, task.L + 1, 16) for r in reps.values())
-    assert torch.allclose(reps["attention_l1"], cat(traces[1].attention.output), atol=1e-5)
-    assert torch.allclose(reps["values_l0"], cat(traces[0].v), atol=1e-6)
+    torch.testing.assert_close(reps["attention_l1"], cat(traces[1].attention.output), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(reps["values_l0"], cat(traces[0].v), rtol=1e-5, atol=1e-6)
     with torch.no_grad():
-        assert torch.allclose(model.out(model.ln_f(reps["residual_final"])), logits[:, pos], atol=1e-5)
+        torch.testing.assert_close(model.out(model.ln_f(reps["residual_final"])), logits[:, pos], rtol=1e-5, atol=1e-5)
     model.train()
     representations(model, tokens, task)
     assert model.training

@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from attention_dynamics.book.runner import RESULTS, cache_key, make_jobs
-from attention_dynamics.claims import CLAIMS, HOLDS, UNMEASURED, evaluate
+from attention_dynamics.book.cache import cache_key
+from attention_dynamics.book.jobs import RESULTS, make_jobs
+from attention_dynamics.claims import CLAIMS, evaluate
+from attention_dynamics.rules import HOLDS, UNMEASURED
 
 ROOT = Path(__file__).resolve().parents[1]
 JOBS = make_jobs(ROOT, "paper")

@@ -8,7 +8,9 @@ import nbformat
 import pytest
 
 from attention_dynamics.book.profiles import load_profiles
-from attention_dynamics.book.runner import NotebookFailed, execute, make_jobs, run_jobs
+from attention_dynamics.book.execution import execute
+from attention_dynamics.book.jobs import NotebookFailed, make_jobs
+from attention_dynamics.book.scheduling import run_jobs
 from support import make_root
 
 def test_profiles_select_parameters_and_record_provenance(tmp_path):
@@ -116,7 +118,7 @@ def test_grid_runs_on_process_pool_and_dask(tmp_path):
 
     from distributed import Client, LocalCluster
 
-    from attention_dynamics.book.runner import make_grid_jobs
+    from attention_dynamics.book.jobs import make_grid_jobs
 
     root = make_root(tmp_path)
     jobs = make_grid_jobs(root, "tiny", {"x": [1, 2, 3]}, out_dir=tmp_path / "pool")
@@ -251,7 +253,7 @@ def test_an_edited_module_re_executes_only_the_chapters_that_import_it(tmp_path,
         return {r.name: r.status for r in run_jobs(make_jobs(root, "quick", out_dir=out), progress=False)}
 
     assert set(statuses().values()) == {"ran"}
-    for f in ("book/runner.py", "book/scorecard.py", "book/provenance.py"):
+    for f in ("book/execution.py", "book/scheduling.py", "book/scorecard.py", "book/provenance.py"):
         (package / f).write_text((package / f).read_text() + "\n_edited = True\n")
     assert set(statuses().values()) == {"cached"}
     # specialization imports laws, which imports head ... but not em: only uses_em re-runs
@@ -267,7 +269,7 @@ def test_chapters_run_side_by_side_longest_first_with_one_thread_each(tmp_path, 
     results come back in book order."""
     from support import make_root
 
-    from attention_dynamics.book import runner
+    from attention_dynamics.book import records, scheduling, timetable
 
     cells = [("code", 'wait = 0.0\nrecord_path = ""\nprofile = "paper"', ["parameters"]),
              ("code", "import os, time\nimport torch\nfrom attention_dynamics.book.records import Record\n"
@@ -280,15 +282,15 @@ def test_chapters_run_side_by_side_longest_first_with_one_thread_each(tmp_path, 
                               "last:\n  quick: {wait: 0.0}\n  paper: {wait: 0.0}\n")
     for other in ("long", "last"):
         shutil.copy(root / "notebooks" / "short.ipynb", root / "notebooks" / f"{other}.ipynb")
-    jobs = runner.make_jobs(root, "quick", out_dir=tmp_path / "out")
+    jobs = make_jobs(root, "quick", out_dir=tmp_path / "out")
     # the last run of "long" took longest: it is started first
-    runner.write_json_atomic(jobs[1].record, {"provenance": {"profile": "quick", "seconds": 99.0}})
-    assert [runner.expected_seconds(j) for j in jobs] == [0.0, 99.0, 0.0]
-    assert [j.name for j in runner.longest_first(jobs)] == ["long", "short", "last"]
-    monkeypatch.setattr(runner, "usable_cpus", lambda: 2)
-    results = runner.run_chapters(jobs, 2, progress=False)
+    records.write_json_atomic(jobs[1].record, {"provenance": {"profile": "quick", "seconds": 99.0}})
+    assert [scheduling.expected_seconds(j) for j in jobs] == [0.0, 99.0, 0.0]
+    assert [j.name for j in scheduling.longest_first(jobs)] == ["long", "short", "last"]
+    monkeypatch.setattr(scheduling, "usable_cpus", lambda: 2)
+    results = scheduling.run_chapters(jobs, 2, progress=False)
     assert [r.name for r in results] == ["short", "long", "last"]
     assert all(r.record["values"]["omp"] == "1" and r.record["values"]["torch_threads"] == 1 for r in results)
     assert all(r.record["provenance"]["threads"] == 1 for r in results)
-    table = runner.timing_table(results, 3.0)
+    table = timetable.timing_table(results, 3.0)
     assert "share" in table and "wall clock" in table and "long" in table

@@ -14,15 +14,18 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attention_dynamics.book import runner
+from attention_dynamics.book import cli, scheduling
 from attention_dynamics.book.profiles import format_value, parse_value
-from attention_dynamics.book.runner import NotebookFailed, execute, main, make_grid_jobs, make_jobs, run_jobs
+from attention_dynamics.book.cli import main
+from attention_dynamics.book.execution import execute
+from attention_dynamics.book.jobs import NotebookFailed, make_grid_jobs, make_jobs
+from attention_dynamics.book.scheduling import run_jobs
 from support import footer_commands, make_root, papermill_parameters
 
 def run_main(monkeypatch, capsys, root, *argv):
     """The command line, from the root of a (temporary) repository."""
     monkeypatch.chdir(root)
-    monkeypatch.setattr(runner, "find_root", lambda start=None: root)
+    monkeypatch.setattr(cli, "find_root", lambda start=None: root)
     try:
         code = main(list(argv))
     except SystemExit as e:  # argparse errors
@@ -220,7 +223,7 @@ def test_unreachable_scheduler_fails_fast_with_its_address(tmp_path, monkeypatch
     import time
 
     root = make_root(tmp_path)
-    monkeypatch.setattr(runner, "SCHEDULER_TIMEOUT_S", 2)
+    monkeypatch.setattr(scheduling, "SCHEDULER_TIMEOUT_S", 2)
     start = time.perf_counter()
     code, _, err = run_main(monkeypatch, capsys, root, "--profile", "quick", "--only", "tiny", "--grid", "x=[0,1]",
                             "--scheduler", "tcp://127.0.0.1:9", "--out", str(tmp_path / "out"))
@@ -270,7 +273,7 @@ def test_footer_commands_of_a_run_with_exponent_floats_run_as_printed(tmp_path, 
     (work / "my-runs").mkdir(parents=True)
     for name in ("tiny.ipynb", "tiny.json"):
         (work / "my-runs" / name).write_bytes((out / name).read_bytes())
-    monkeypatch.setattr(runner, "find_root", lambda start=None: root)
+    monkeypatch.setattr(cli, "find_root", lambda start=None: root)
     monkeypatch.chdir(work)
     assert main(run_cmd[3:]) == 0
     assert json.loads((work / "my-runs" / "tiny.json").read_text())["provenance"]["executed_at"] == \

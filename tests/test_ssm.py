@@ -1,10 +1,8 @@
 """The selective SSM of R9: the materialized routing weights against the recurrence, the
-closed-form gradients against autograd in float64 over many shapes, the block against the
-reference implementation mambapy, the primitives' Bayes predictors against brute force, and
-the routing probe on constructed cases."""
+closed-form gradients against autograd in float64 over many shapes, a slightly wrong closed
+form caught, the model trained with fit, and the compiled scan. (The block against mambapy:
+test_ssm_reference.py; the primitives' Bayes predictors: test_tasks_primitives.py.)"""
 from __future__ import annotations
-
-import math
 
 import numpy as np
 import pytest
@@ -12,25 +10,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from attention_dynamics.gradcheck import random_ssm_inputs, relative_error
 from attention_dynamics.ssm import SSMConfig, SSMModel, ssm_backward, ssm_scan, ssm_weights
-from attention_dynamics.tasks.primitives import Accumulation, Binding, Transport, make_task
+from attention_dynamics.tasks.primitives import Accumulation
 
 
 def _inputs(Bt, T, Dc, N, seed):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(Bt, T, Dc, generator=g, dtype=torch.float64)
-    delta = torch.rand(Bt, T, Dc, generator=g, dtype=torch.float64) * 0.8 + 0.02
-    A = -(torch.rand(Dc, N, generator=g, dtype=torch.float64) * 3 + 0.05)
-    B = torch.randn(Bt, T, N, generator=g, dtype=torch.float64)
-    C = torch.randn(Bt, T, N, generator=g, dtype=torch.float64)
-    D = torch.randn(Dc, generator=g, dtype=torch.float64)
-    return x, delta, A, B, C, D
-
-
-def _rel(a, b, scale: float | None = None):
-    """max |a - b| relative to ``scale`` (default max |b|; the absolute error where it is 0)."""
-    scale = float(b.abs().max()) if scale is None else scale
-    return float((a - b).abs().max()) / scale if scale > 0 else float((a - b).abs().max())
+    return random_ssm_inputs(Bt, T, Dc, N, seed)[:6]
 
 
 @settings(max_examples=40, deadline=None, derandomize=True)
@@ -41,7 +27,7 @@ def test_the_materialized_weights_are_the_recurrence(Bt, T, Dc, N, seed):
     w = ssm_weights(delta, A, B, C)
     assert w.shape == (Bt, Dc, T, T) and torch.all(w.triu(1) == 0)
     routed = torch.einsum("bctj,bjc->btc", w, x) + D * x
-    assert _rel(routed, ssm_scan(x, delta, A, B, C, D)) <= 1e-12
+    assert relative_error(routed, ssm_scan(x, delta, A, B, C, D)) <= 1e-12
 
 
 @settings(max_examples=40, deadline=None, derandomize=True)
@@ -59,10 +45,10 @@ def test_the_closed_form_gradients_are_autograds(Bt, T, Dc, N, seed):
     # the rounding of its terms, and no relative error against zero can hold
     largest = max(float(a.abs().max()) for a in auto)
     for name, a in zip(("x", "delta", "A", "B", "C", "D"), auto):
-        assert _rel(getattr(closed, name), a, largest) <= 1e-12, name
+        assert relative_error(getattr(closed, name), a, scale=largest) <= 1e-12, name
     w = ssm_weights(delta, A, B, C).requires_grad_()
     (dw,) = torch.autograd.grad(torch.einsum("bctj,bjc->btc", w, x), w, u)
-    assert _rel(closed.b, dw * torch.ones(T, T, dtype=torch.float64).tril()) <= 1e-12
+    assert relative_error(closed.b, dw * torch.ones(T, T, dtype=torch.float64).tril()) <= 1e-12
 
 
 def test_a_slightly_wrong_closed_form_is_caught(monkeypatch):
@@ -78,19 +64,7 @@ def test_a_slightly_wrong_closed_form_is_caught(monkeypatch):
     monkeypatch.setattr(ssm, "_decay", lambda d, a: right(d, a * (1 + 1e-6)))
     wrong = ssm_backward(u, x, delta, A, B, C, D)
     for name, a in zip(("delta", "A", "B", "C"), auto[1:5]):
-        assert _rel(getattr(wrong, name), a) > 1e-9, name
-
-
-def test_the_block_is_mambapys_block():
-    """Our block with the reference implementation's state dict gives its output: in
-    float32, to rounding; in float64, to 1e-14 against both of its scans once A and D are
-    rounded to float32 as mambapy does internally (it casts A_log and D to float32)."""
-    pytest.importorskip("mambapy.mamba")
-    from attention_dynamics.gradcheck import mambapy_agreement
-
-    rows = mambapy_agreement([(16, 4, 2, 11), (8, 16, 1, 5), (32, 8, 2, 1), (24, 3, 3, 17)])
-    for r in rows:
-        assert r["float32"] <= 1e-5 and r["float64"] <= 1e-14 and r["float64, parallel scan"] <= 1e-12, r
+        assert relative_error(getattr(wrong, name), a) > 1e-9, name
 
 
 def test_the_model_trains_with_fit_and_validates_its_input():
@@ -111,52 +85,6 @@ def test_the_model_trains_with_fit_and_validates_its_input():
     with pytest.raises(ValueError, match="A must have shape"):
         ssm_scan(torch.zeros(1, 2, 3), torch.zeros(1, 2, 3), torch.zeros(2, 1), torch.zeros(1, 2, 1),
                  torch.zeros(1, 2, 1))
-
-
-def test_accumulation_bayes_is_the_dirichlet_predictive_by_brute_force():
-    """The posterior predictive against numerical integration over the bias (K = 2: a
-    Beta prior), and samples whose frequencies match the prior predictive."""
-    task = Accumulation(K=2, T=6, alpha=0.7)
-    batch = task.sample(5, np.random.default_rng(1))
-    logp = task.bayes_log_probs(batch)
-    grid = np.linspace(1e-6, 1 - 1e-6, 200_001)
-    prior = grid ** (task.alpha - 1) * (1 - grid) ** (task.alpha - 1)
-    for s in range(5):
-        for t in range(task.T):
-            ones = int(batch.inputs[s, : t + 1].sum())
-            post = prior * grid**ones * (1 - grid) ** (t + 1 - ones)
-            p1 = np.trapezoid(post * grid, grid) / np.trapezoid(post, grid)
-            assert abs(math.exp(float(logp[s, t, 1])) - p1) < 2e-4
-    big = task.sample(20_000, np.random.default_rng(2))
-    assert abs(float(big.inputs.double().mean()) - 0.5) < 0.02  # symmetric prior
-
-
-def test_binding_bayes_is_exact_and_the_task_is_well_formed():
-    task = Binding(K=6, V=4, L=3, Q=5)
-    b = task.sample(50, np.random.default_rng(3))
-    assert b.inputs.shape == (50, 11) and b.targets.shape == (50, 5) and b.positions.tolist() == list(range(6, 11))
-    keys, values = b.inputs[:, 0:6:2], b.inputs[:, 1:6:2] - task.K
-    assert all(len(set(k.tolist())) == 3 for k in keys) and int(keys.max()) < task.K
-    for s in range(50):
-        bound = dict(zip(keys[s].tolist(), values[s].tolist()))
-        assert [bound[q] for q in b.inputs[s, 6:].tolist()] == b.targets[s].tolist()
-    assert float(-task.bayes_log_probs(b).gather(-1, b.targets[..., None]).sum()) == 0.0
-
-
-def test_transport_bayes_is_the_forward_filter_and_carries_a_belief():
-    """The filter beats the best predictor from x_t alone by half a bit and more at the
-    default stickiness and noise, by almost nothing on R7's own chain; the samples stay at
-    the matrix's self-transition rate."""
-    for stay, noise, gain in [(0.9, 3.0, 0.5), (0.3, 1.0, 0.0)]:
-        task = Transport(T=32, stay=stay, noise=noise)
-        b = task.sample(400, np.random.default_rng(4))
-        filt = float(-task.bayes_log_probs(b).gather(-1, b.targets[..., None]).mean()) / math.log(2)
-        x_only = float(-task.baseline_log_probs(b).gather(-1, b.targets[..., None]).mean()) / math.log(2)
-        assert filt < x_only - gain and (gain or x_only - filt < 0.01)
-        stay_rate = (b.targets[:, 1:] == b.targets[:, :-1]).double().mean()
-        assert abs(float(stay_rate) - float(task.matrix()[0, 0])) < 0.01
-    with pytest.raises(ValueError, match="the primitive must be one of"):
-        make_task("memory")
 
 
 def test_r9_functions_name_what_is_wrong():

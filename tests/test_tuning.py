@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from attention_dynamics.claims import FAILS, HOLDS, PARTLY, SAME, paired_advantage, same_margin
+from attention_dynamics.rules import FAILS, HOLDS, SAME
 from attention_dynamics.training import StepOutput
 from attention_dynamics.tuning import (METHODS, Adam, Trial, as_record, choose, method_rates, reach_score,
                                        run_cluster_trial, run_trial, step_seconds, steps_below, steps_to_reach, tune)
@@ -158,7 +158,7 @@ def test_the_tuned_comparison_can_say_ahead_and_same():
     EM-style at half its rate needs about twice the steps to the threshold, ln 2 against the
     margin ln 1.25, so it must come out slower by more than the margin; EM-style's twin at
     its rate x 1.05 (about 5% fewer steps, ln 1.05) must come out the same."""
-    from attention_dynamics.claims import steps_advantage
+    from attention_dynamics.rules import steps_advantage
     from attention_dynamics.tasks.clusters import make_cluster_task
 
     task, seeds = make_cluster_task(3, 30, 6, spread=0.3, seed=0), [0, 1, 2, 3, 4]

@@ -6,7 +6,8 @@ One attention head
     head            the forward pass: scores, attention, outputs; parameters; heads split and merged
     laws            the closed-form backward pass (R1 routing, R2 values, R3 queries and keys)
     readout         the linear cross-entropy read-out and its gradient u = dL/dg
-    gradcheck       the closed forms against autograd, and the first-order remainder (R4)
+    gradcheck       the closed forms against autograd (R1-R3; the selective SSM's, R9), one error measure
+    first_order     the loss change of a step against its first-order prediction (R4)
 
 Training and its two timescales
     training        one training loop, pluggable update rules, roles and the EM-style schedule
@@ -20,6 +21,7 @@ Models
     windtunnel_rates  the wind tunnel with an optimizer and a rate per role, judged held out (R6, R8)
     ssm             a selective state-space model (Mamba's S6) as content-based routing (R9)
     primitives      the inference-primitives experiment: attention and SSM side by side (R9)
+    ssm_reference   our selective SSM against the reference implementation (mambapy)
 
 Tasks and their exact posteriors (attention_dynamics.tasks)
     tasks.clusters      queries from clusters reading a memory of slots (R5, R6)
@@ -29,10 +31,13 @@ Tasks and their exact posteriors (attention_dynamics.tasks)
 
 The paper's claims
     reference       what the paper and the authors' script report, with where each comes from
-    claims          every claim with the rule that judges it (rendered by book.render, book.scorecard)
+    rules           how a number becomes a verdict: the verdicts' words and the rules common to many claims
+    claims          the table of claims, each with its reading of its chapter's record (rendered by
+                    book.render, book.scorecard)
     readings        the sentences a chapter phrases from its verdicts and numbers
 
 Measurements
+    agreement       whether a change has the sign a law predicts (one measure, the weighting chosen)
     specialization  routing and content specializing together (R5)
     geometry        calibration and the geometry of a trained transformer (R8)
     law_probe       the two laws inside a trained transformer (R8)
@@ -50,7 +55,8 @@ Support
     artifacts       trained models kept on disk between chapters, with their provenance
     sources         which library source files a computation depends on (cache keys)
 
-The book machinery lives apart, in attention_dynamics.book (runner, profiles, provenance,
-records, scorecard, build); a reader of the science never needs to open it.
+The book machinery lives apart, in attention_dynamics.book (the runner: cli, jobs, cache,
+execution, scheduling, timetable, publishing; and profiles, parameters, provenance, records,
+scorecard, render, compare, build); a reader of the science never needs to open it.
 """
 __version__ = "0.2.0"

@@ -20,7 +20,7 @@ W_V: (R, d_x, d_v), W_O: (R, d_v, C).
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 from torch import Tensor
@@ -31,7 +31,7 @@ from .tasks.sticky_chain import D_X, N_STATES, StickySequence, sample_sequences
 from .training import HEAD_ROLES, SGD, History, StepOutput, em_style, head_rates, train
 from .validation import check_float, check_int, check_int_list, check_same_dtype_device, check_tensor
 
-__all__ = ["BlockedStats", "blocked_causal_step", "causal_head_loss_fn", "dense_causal_forward", "D_K", "D_V",
+__all__ = ["BlockedStats", "BlockedStep", "ProtocolBatch", "protocol_batch", "blocked_causal_step", "causal_head_loss_fn", "dense_causal_forward", "D_K", "D_V",
            "PROTOCOL_SCHEDULES", "init_heads", "protocol_rates", "train_reference", "ProtocolConfig", "ProtocolRun", "run_protocol"]
 
 
@@ -41,6 +41,19 @@ class BlockedStats:
     entropy: Tensor  # (R,) mean predictive entropy, nats
     accuracy: Tensor  # (R,) fraction of argmax hits
     attention_entropy: Tensor  # (R,) mean entropy of the attention rows, nats
+
+
+@dataclass(frozen=True)
+class BlockedStep:
+    """What :func:`blocked_causal_step` computes: the loss (R,); with ``grads`` the gradients
+    of the four matrices W_Q, W_K, W_V, W_O; with ``stats`` the statistics; with
+    ``value_info`` R2's per-position value gradients ``dV`` (R, T, d_v) and each key's total
+    responsibility ``N`` (R, T), N_j = sum_i alpha_ij. What was not asked for is None."""
+    loss: Tensor
+    grads: dict[str, Tensor] | None = None
+    stats: BlockedStats | None = None
+    dV: Tensor | None = None
+    N: Tensor | None = None
 
 
 def _check(params: dict[str, Tensor], x: Tensor, y: Tensor) -> None:
@@ -68,12 +81,11 @@ def _check(params: dict[str, Tensor], x: Tensor, y: Tensor) -> None:
 
 def blocked_causal_step(params: dict[str, Tensor], x: Tensor, y: Tensor, *, block: int = 64,
                         grads: bool = True, stats: bool = False, value_info: bool = False,
-                        native: bool | None = None):
+                        native: bool | None = None) -> BlockedStep:
     """Loss (R,) and, with ``grads``, the closed-form gradients of all four matrices; with
-    ``stats``, also predictive entropy, accuracy and attention entropy. Returns
-    (loss, grads or None, stats or None). With ``value_info`` the grads dict also holds
-    "dV", the per-position value gradients (R, T, d_v) of R2, and "N", each key's total
-    responsibility N_j = sum_i alpha_ij (R, T).
+    ``stats``, also predictive entropy, accuracy and attention entropy; with ``value_info``,
+    R2's per-position value gradients and each key's total responsibility (a
+    :class:`BlockedStep`).
 
     ``native``: use the compiled kernel (:mod:`attention_dynamics.native`, float32 only),
     which fuses each query's forward and backward pass; None (default): where it is the
@@ -131,11 +143,7 @@ def _torch_step(params, x, y, *, block, grads, stats, value_info):
         yb = y[:, a:b]
         loss += -logp.gather(-1, yb[..., None]).squeeze(-1).sum(1) / T
         if stats:
-            p = logp.exp()
-            ent += -(p * logp).sum((1, 2)) / T
-            acc += (logp.argmax(-1) == yb).to(x.dtype).sum(1) / T
-            la = torch.where(alpha > 0, alpha.log(), torch.zeros((), dtype=x.dtype))
-            att_ent += -(alpha * la).sum((1, 2)) / T
+            _add_block_stats(ent, acc, att_ent, logp, alpha, yb, T)
         if not grads:
             continue
         dz = logp.exp()
@@ -150,15 +158,34 @@ def _torch_step(params, x, y, *, block, grads, stats, value_info):
         Mt[:, :, :b] += torch.bmm(lhs.transpose(1, 2), alpha)  # R2: sum_i alpha_ij dz_i
     st = BlockedStats(loss, ent, acc, att_ent) if stats else None
     if not grads:
-        return loss, None, st
+        return BlockedStep(loss, stats=st)
+    return _with_parameter_gradients(BlockedStep(loss, stats=st), x, V, W_O, dQt, dKt, Mt, value_info)
+
+
+def _with_parameter_gradients(step: BlockedStep, x: Tensor, V: Tensor, W_O: Tensor, dQt: Tensor, dKt: Tensor,
+                              Mt: Tensor, value_info: bool) -> BlockedStep:
+    """``step`` with the four matrices' gradients, from the accumulated (transposed) query and
+    key gradients and M^T = (sum_i alpha_ij dz_i)^T, whose extra last row holds N_j."""
+    C = W_O.shape[-1]
     M = Mt[:, :C].transpose(1, 2)  # (R, T, C)
     dV = M @ W_O.transpose(1, 2)  # dL/dv_j = sum_i alpha_ij u_i = (sum_i alpha_ij dz_i) W_O^T
     xt = x.transpose(1, 2)
     g_all = {"W_Q": torch.bmm(xt, dQt.transpose(1, 2)), "W_K": torch.bmm(xt, dKt.transpose(1, 2)),
              "W_V": torch.bmm(xt, dV), "W_O": torch.bmm(V.transpose(1, 2), M)}
     if value_info:
-        g_all["dV"], g_all["N"] = dV, Mt[:, C]
-    return loss, g_all, st
+        return replace(step, grads=g_all, dV=dV, N=Mt[:, C])
+    return replace(step, grads=g_all)
+
+
+def _add_block_stats(ent: Tensor, acc: Tensor, att_ent: Tensor, logp: Tensor, alpha: Tensor, yb: Tensor,
+                     T: int) -> None:
+    """Add one block of queries' share of the predictive entropy, the accuracy and the
+    attention entropy (each a mean over the T positions) to the running sums, in place."""
+    p = logp.exp()
+    ent += -(p * logp).sum((1, 2)) / T
+    acc += (logp.argmax(-1) == yb).to(logp.dtype).sum(1) / T
+    la = torch.where(alpha > 0, alpha.log(), torch.zeros((), dtype=alpha.dtype))
+    att_ent += -(alpha * la).sum((1, 2)) / T
 
 
 def _native_step(params, x, y, *, grads, stats, value_info):
@@ -196,14 +223,14 @@ def _native_step(params, x, y, *, grads, stats, value_info):
     loss = per_position[:, 0].contiguous()
     st = BlockedStats(loss, per_position[:, 1], per_position[:, 2], per_position[:, 3]) if stats else None
     if not grads:
-        return loss, None, st
+        return BlockedStep(loss, stats=st)
     dV = M @ W_O.transpose(1, 2)
     xt = x.transpose(1, 2)
     g_all = {"W_Q": torch.bmm(xt, dQ[..., :d_k] * scale), "W_K": torch.bmm(xt, dK[..., :d_k]),
              "W_V": torch.bmm(xt, dV), "W_O": torch.bmm(V.transpose(1, 2), M)}
     if value_info:
-        g_all["dV"], g_all["N"] = dV, N
-    return loss, g_all, st
+        return BlockedStep(loss, g_all, st, dV, N)
+    return BlockedStep(loss, g_all, st)
 
 
 def causal_head_loss_fn(x: Tensor, y: Tensor, *, block: int = 64, value_info: bool = False,
@@ -213,9 +240,8 @@ def causal_head_loss_fn(x: Tensor, y: Tensor, *, block: int = 64, value_info: bo
     ``native`` as in :func:`blocked_causal_step`."""
 
     def loss_fn(p: dict[str, Tensor]) -> StepOutput:
-        loss, grads, _ = blocked_causal_step(p, x, y, block=block, value_info=value_info, native=native)
-        info = {"dV": grads.pop("dV"), "N": grads.pop("N")} if value_info else {}
-        return StepOutput(loss, grads, info)
+        step = blocked_causal_step(p, x, y, block=block, value_info=value_info, native=native)
+        return StepOutput(step.loss, step.grads, {"dV": step.dV, "N": step.N} if value_info else {})
 
     return loss_fn
 
@@ -240,6 +266,27 @@ D_K, D_V = 10, 15  # the protocol's head: d_k = 10, d_v = 15
 # The protocol's two schedules, as rates by role: SGD at 0.01 on everything; EM-style with the
 # values at 0.1 (chapter *The sticky Markov chain*).
 PROTOCOL_SCHEDULES = {"SGD": em_style(0.01, 0.01), "EM-style": em_style(0.01, 0.1)}
+
+
+@dataclass(frozen=True)
+class ProtocolBatch:
+    """The protocol's runs side by side, one batch: SGD on every seed, then EM-style on the
+    same seeds (``names``), each pair from the same initial head (``params``) on its seed's
+    training sequence (``sequences``; ``x``, ``y`` repeat them for the two schedules)."""
+    names: list[str]
+    sequences: StickySequence
+    x: Tensor
+    y: Tensor
+    params: dict[str, Tensor]
+
+
+def protocol_batch(seeds, seq_len: int) -> ProtocolBatch:
+    """The SGD and EM-style runs of the protocol on ``seeds``, as one batch of 2 len(seeds)
+    runs (:class:`ProtocolBatch`)."""
+    seeds = list(seeds)
+    seq = sample_sequences(seeds, n_states_seq=seq_len)
+    return ProtocolBatch(["SGD"] * len(seeds) + ["EM-style"] * len(seeds), seq, torch.cat([seq.x, seq.x]),
+                         torch.cat([seq.y, seq.y]), init_heads(seeds + seeds))
 
 
 def init_heads(seeds, *, std: float = 0.1, d_x: int = D_X, d_k: int = D_K, d_v: int = D_V,
@@ -355,16 +402,13 @@ def run_protocol(config: ProtocolConfig, *, progress: bool = True) -> ProtocolRu
     import time
 
     seeds, n_steps, block = list(config.seeds), config.n_steps, config.block
-    k = len(seeds)
-    seq = sample_sequences(seeds, n_states_seq=config.seq_len)
-    names = ["SGD"] * k + ["EM-style"] * k
-    x, y = torch.cat([seq.x, seq.x]), torch.cat([seq.y, seq.y])
-    params = init_heads(seeds + seeds)
+    batch = protocol_batch(seeds, config.seq_len)
+    seq, names, x, y, params = batch.sequences, batch.names, batch.x, batch.y, batch.params
     window_x = x[:, :config.window]
 
     def checkpoint(step, p, out):
         with torch.no_grad():
-            _, _, st = blocked_causal_step(p, x, y, block=block, grads=False, stats=True)
+            st = blocked_causal_step(p, x, y, block=block, grads=False, stats=True).stats
             alpha, _ = dense_causal_forward(p, window_x)
         return {"entropy": st.entropy.clone(), "accuracy": st.accuracy.clone(),
                 "attention_entropy": st.attention_entropy.clone(), "alpha": alpha if step in (0, n_steps) else None}

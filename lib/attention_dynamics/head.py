@@ -1,4 +1,4 @@
-"""The forward pass of an attention head (digest section 1).
+"""The forward pass of an attention head (the paper's setting, its section 1).
 
 Shapes follow one convention: any number of leading batch dimensions ``...`` (a batch,
 several heads, several independent runs), then positions, then features.
@@ -69,7 +69,7 @@ def attend(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_mask: T
            scale: float | None = None) -> Attention:
     """Scaled dot-product attention, returning scores, weights and outputs.
 
-    ``scale`` defaults to 1/sqrt(d_k) as in the digest. Every query needs at least one
+    ``scale`` defaults to 1/sqrt(d_k) as in the paper. Every query needs at least one
     visible key, so no dimension may be empty (no queries, no keys, d_k = 0 or an empty
     batch are refused by name). Finite inputs whose scores overflow the dtype raise
     :class:`~attention_dynamics.validation.NonFiniteError` instead of returning NaN weights.

@@ -23,6 +23,7 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor
 
+from .agreement import sign_agreement
 from .laws import compatibility, routing_gradient, value_gradient
 from .specialization import advantage_sign_agreement
 from .tasks.bijection import WindTunnel
@@ -48,16 +49,7 @@ def law_probe(model: CausalTransformer, optimizer: torch.optim.AdamW, task: Wind
     'r2_error', the largest relative gap between autograd's dL/dv and R2's sum_i alpha_ij u_i."""
     twin = copy.deepcopy(model)
     twin.train()
-    if sgd_lr is None:
-        twin_params = dict(twin.named_parameters())
-        opt = torch.optim.AdamW([{k: v for k, v in g.items() if k != "params"} | {"params": [twin_params[n]
-                                 for n in _group_names(model, g)]} for g in optimizer.param_groups])
-        # a deep copy: load_state_dict keeps the very tensors of the moment estimates,
-        # which the probe's step would then change inside the training optimizer
-        opt.load_state_dict(copy.deepcopy(optimizer.state_dict()))
-    else:
-        opt = torch.optim.SGD([p for p in twin.parameters() if p.requires_grad],
-                              lr=check_float("sgd_lr", sgd_lr, 0.0, None, low_open=True))
+    opt = _twin_optimizer(model, twin, optimizer, sgd_lr)
     opt.zero_grad()
     logp, traces = supervised_log_probs(twin, tokens, task, inspect=True)
     for tr in traces:
@@ -83,14 +75,8 @@ def law_probe(model: CausalTransformer, optimizer: torch.optim.AdamW, task: Wind
         d_alpha = tr.attention.weights - alpha
         d_v = tr.v - v
         r2 = -(alpha.transpose(-1, -2) @ u)
-        prefix = f"blocks.{layer}."
-        rel = {}
-        for role in ("routing", "values"):
-            names = [n for n in groups[role] if n.startswith(prefix)]
-            num = sum(float((now[n] - before[n]).norm() ** 2) for n in names)
-            den = sum(float(before[n].norm() ** 2) for n in names)
-            rel[role] = math.sqrt(num / den) if den > 0 else float("nan")
-
+        rel = {role: _relative_change([n for n in groups[role] if n.startswith(f"blocks.{layer}.")], before, now)
+               for role in ("routing", "values")}
         for h in range(alpha.shape[1]):
             rate, wrate, _ = advantage_sign_agreement(alpha[:, h], b[:, h], d_alpha[:, h])
             cos = torch.nn.functional.cosine_similarity(d_v[:, h].reshape(1, -1), r2[:, h].reshape(1, -1)).item()
@@ -104,6 +90,29 @@ def law_probe(model: CausalTransformer, optimizer: torch.optim.AdamW, task: Wind
     return out
 
 
+def _twin_optimizer(model: CausalTransformer, twin: CausalTransformer, optimizer: torch.optim.AdamW,
+                    sgd_lr: float | None) -> torch.optim.Optimizer:
+    """The optimizer of the probe's step on ``twin``: a copy of the training AdamW with its
+    state, or plain SGD of size ``sgd_lr``."""
+    if sgd_lr is not None:
+        return torch.optim.SGD([p for p in twin.parameters() if p.requires_grad],
+                               lr=check_float("sgd_lr", sgd_lr, 0.0, None, low_open=True))
+    twin_params = dict(twin.named_parameters())
+    opt = torch.optim.AdamW([{k: v for k, v in g.items() if k != "params"} | {"params": [twin_params[n]
+                             for n in _group_names(model, g)]} for g in optimizer.param_groups])
+    # a deep copy: load_state_dict keeps the very tensors of the moment estimates,
+    # which the probe's step would then change inside the training optimizer
+    opt.load_state_dict(copy.deepcopy(optimizer.state_dict()))
+    return opt
+
+
+def _relative_change(names: list[str], before: dict[str, Tensor], now: dict[str, Tensor]) -> float:
+    """|theta_now - theta_before| / |theta_before| over the parameters ``names`` together."""
+    num = sum(float((now[n] - before[n]).norm() ** 2) for n in names)
+    den = sum(float(before[n].norm() ** 2) for n in names)
+    return math.sqrt(num / den) if den > 0 else float("nan")
+
+
 def _centred_change(s0: Tensor, s1: Tensor) -> Tensor:
     """s1 - s0 at the visible entries, each row's mean over its visible entries removed; 0
     at the hidden (future) ones."""
@@ -114,10 +123,9 @@ def _centred_change(s0: Tensor, s1: Tensor) -> Tensor:
 
 
 def _score_agreement(change: Tensor, direction: Tensor, rel_tol: float = 1e-6) -> tuple[float, float]:
-    """How often the change has the sign of the direction, over the entries where both are
-    measurably non-zero, and the cosine between the two."""
-    keep = (direction.abs() > rel_tol * direction.abs().max()) & (change.abs() > rel_tol * change.abs().max())
-    rate = float((torch.sign(change) == torch.sign(direction))[keep].double().mean()) if bool(keep.any()) else float("nan")
+    """How often the change has the sign of the direction (unweighted: every entry of the
+    scores counts once), and the cosine between the two over all entries."""
+    rate = sign_agreement(change, direction, rel_tol=rel_tol).rate
     cos = torch.nn.functional.cosine_similarity(change.reshape(1, -1), direction.reshape(1, -1)).item()
     return rate, cos
 
@@ -307,6 +315,64 @@ def _split(x: Tensor, n_heads: int) -> Tensor:
     return x.view(B, T, n_heads, D // n_heads).transpose(1, 2)
 
 
+def _check_kernel_probe(model, task, tokens, targets, lrs) -> list[float]:
+    """The arguments of :func:`kernel_law_probe`, checked; the step sizes as floats."""
+    if not isinstance(model, CausalTransformer):
+        raise TypeError(f"model must be a CausalTransformer, got {type(model).__name__}")
+    if model.cfg.input != "tokens":
+        raise ValueError("model must read tokens (TransformerConfig input='tokens'), as the wind tunnel's does")
+    if not isinstance(task, WindTunnel):
+        raise TypeError(f"task must be a WindTunnel, got {type(task).__name__}")
+    if model.cfg.n_out != task.V or model.cfg.vocab < task.V:
+        raise ValueError(f"model must read and predict the task's V = {task.V} symbols, got vocab = "
+                         f"{model.cfg.vocab} and n_out = {model.cfg.n_out}")
+    check_tensor("tokens", tokens, ndim=2, kind="int", nonempty=True)
+    check_tensor("targets", targets, ndim=2, kind="int", nonempty=True)
+    B = tokens.shape[0]
+    if tokens.shape[1] != task.length:
+        raise ValueError(f"tokens must be (B, {task.length}) (2L + 1 for L = {task.L}), got {tuple(tokens.shape)}")
+    if tuple(targets.shape) != (B, task.L + 1):
+        raise ValueError(f"targets must be (B, L + 1) = ({B}, {task.L + 1}), got {tuple(targets.shape)}")
+    for name, t in (("tokens", tokens), ("targets", targets)):
+        if int(t.min()) < 0 or int(t.max()) >= task.V:
+            raise ValueError(f"{name} must lie in [0, {task.V - 1}]")
+    lrs = check_float_list("lrs", lrs, 0.0, None, low_open=True, min_len=2)
+    if len(set(lrs)) != len(lrs):
+        raise ValueError(f"lrs must be distinct step sizes (the first-order check compares them), got {lrs}")
+    return lrs
+
+
+
+def _insitu_errors(a: Tensor, g: Tensor, G: Tensor, u: Tensor, v: Tensor):
+    """Per head: R1's and R2's closed forms against autograd's dL/ds = ``g`` and dL/dv = ``G``
+    (largest gap over the largest gradient) and their a-priori float64 rounding bounds (see
+    :func:`kernel_law_probe`)."""
+    d_h, T = v.shape[-1], a.shape[-1]
+    r1_err = _per_head(routing_gradient(a, compatibility(u, v)) - g).abs().amax(1) / _per_head(g).abs().amax(1)
+    r2_err = _per_head(value_gradient(a, u) - G).abs().amax(1) / _per_head(G).abs().amax(1)
+    u_norm, v_norm = u.norm(dim=-1), v.norm(dim=-1)  # (B, H, T)
+    r1_scale = _per_head(a * u_norm[..., :, None] * v_norm.amax(-1)[..., None, None]).amax(1)
+    r1_bound = 2 * (d_h + T + 2) * _EPS64 * r1_scale / _per_head(g).abs().amax(1)
+    r2_scale = _per_head(a.transpose(-1, -2) @ u.abs()).amax(1)
+    r2_bound = 2 * T * _EPS64 * r2_scale / _per_head(G).abs().amax(1)
+    return r1_err, r1_bound, r2_err, r2_bound
+
+
+def _wv_rounding_bound(value_map: torch.nn.Linear, xa: Tensor, g_v_flat: Tensor, k_wv: Tensor,
+                       lrs: Sequence[float], H: int) -> Tensor:
+    """(H, n_eta): the a-priori rounding bound of the W_V step's error (see
+    :func:`kernel_law_probe`); ``xa`` the value map's input with a column of ones, rows over
+    batch and positions."""
+    B, _, T, _ = k_wv.shape
+    D = xa.shape[1] - 1
+    W = torch.cat([value_map.weight.detach(), value_map.bias.detach()[:, None]], 1)  # (D, D+1)
+    xw = _per_head(_split((xa.abs() @ W.abs().T).view(B, T, D), H)).norm(dim=1)
+    xxg = _per_head(_split((xa.abs() @ (xa.abs().T @ g_v_flat.abs())).view(B, T, D), H)).norm(dim=1)
+    pred_norm = _per_head(k_wv).norm(dim=1)
+    return torch.stack([_EPS64 * (2 * (D + 2) * xw + (B * T + D + 1) * eta * xxg) / (eta * pred_norm)
+                        for eta in lrs], 1)
+
+
 def kernel_law_probe(model: CausalTransformer, task: WindTunnel, tokens: Tensor, targets: Tensor, *,
                      lrs: Sequence[float] = (1e-3, 1e-2, 1e-1)) -> list[dict]:
     """R1 and R2 inside the model, and what a plain gradient step does to the scores and the
@@ -372,29 +438,7 @@ def kernel_law_probe(model: CausalTransformer, task: WindTunnel, tokens: Tensor,
     - 'cos_kernel_G_values': cosine between X X^T G (the W_V step direction) and G over all
       value rows (no ceiling).
     """
-    if not isinstance(model, CausalTransformer):
-        raise TypeError(f"model must be a CausalTransformer, got {type(model).__name__}")
-    if model.cfg.input != "tokens":
-        raise ValueError("model must read tokens (TransformerConfig input='tokens'), as the wind tunnel's does")
-    if not isinstance(task, WindTunnel):
-        raise TypeError(f"task must be a WindTunnel, got {type(task).__name__}")
-    if model.cfg.n_out != task.V or model.cfg.vocab < task.V:
-        raise ValueError(f"model must read and predict the task's V = {task.V} symbols, got vocab = "
-                         f"{model.cfg.vocab} and n_out = {model.cfg.n_out}")
-    check_tensor("tokens", tokens, ndim=2, kind="int", nonempty=True)
-    check_tensor("targets", targets, ndim=2, kind="int", nonempty=True)
-    B = tokens.shape[0]
-    if tokens.shape[1] != task.length:
-        raise ValueError(f"tokens must be (B, {task.length}) (2L + 1 for L = {task.L}), got {tuple(tokens.shape)}")
-    if tuple(targets.shape) != (B, task.L + 1):
-        raise ValueError(f"targets must be (B, L + 1) = ({B}, {task.L + 1}), got {tuple(targets.shape)}")
-    for name, t in (("tokens", tokens), ("targets", targets)):
-        if int(t.min()) < 0 or int(t.max()) >= task.V:
-            raise ValueError(f"{name} must lie in [0, {task.V - 1}]")
-    lrs = check_float_list("lrs", lrs, 0.0, None, low_open=True, min_len=2)
-    if len(set(lrs)) != len(lrs):
-        raise ValueError(f"lrs must be distinct step sizes (the first-order check compares them), got {lrs}")
-
+    lrs = _check_kernel_probe(model, task, tokens, targets, lrs)
     twin = copy.deepcopy(model).double().eval()
     for p in twin.parameters():
         p.requires_grad_(True)
@@ -402,8 +446,7 @@ def kernel_law_probe(model: CausalTransformer, task: WindTunnel, tokens: Tensor,
     names = list(named)
     params = [named[n] for n in names]
     n_layers, H = len(twin.blocks), twin.cfg.n_heads
-    T, D = task.length, twin.cfg.d_model
-    d_h = D // H
+    B, T, D = tokens.shape[0], task.length, twin.cfg.d_model
 
     loss, traces, xs = _probe_forward(twin, task, tokens, targets)
     scores = [tr.attention.scores for tr in traces]
@@ -448,15 +491,7 @@ def kernel_law_probe(model: CausalTransformer, task: WindTunnel, tokens: Tensor,
     out = []
     for l in range(n_layers):
         a, g, G, uu, v = alpha[l], g_s[l], g_v[l], u[l], v0[l]
-        r1 = routing_gradient(a, compatibility(uu, v))
-        r2 = value_gradient(a, uu)
-        r1_err = _per_head(r1 - g).abs().amax(1) / _per_head(g).abs().amax(1)
-        r2_err = _per_head(r2 - G).abs().amax(1) / _per_head(G).abs().amax(1)
-        u_norm, v_norm = uu.norm(dim=-1), v.norm(dim=-1)  # (B, H, T)
-        r1_scale = _per_head(a * u_norm[..., :, None] * v_norm.amax(-1)[..., None, None]).amax(1)
-        r1_bound = 2 * (d_h + T + 2) * _EPS64 * r1_scale / _per_head(g).abs().amax(1)
-        r2_scale = _per_head(a.transpose(-1, -2) @ uu.abs()).amax(1)
-        r2_bound = 2 * T * _EPS64 * r2_scale / _per_head(G).abs().amax(1)
+        r1_err, r1_bound, r2_err, r2_bound = _insitu_errors(a, g, G, uu, v)
 
         e_layer = torch.stack([first_order_error(layer_steps[l][e], -eta * k_layer[l], visible=visible[l])
                                for e, eta in enumerate(lrs)], 1)  # (H, n_eta)
@@ -465,13 +500,7 @@ def kernel_law_probe(model: CausalTransformer, task: WindTunnel, tokens: Tensor,
         e_wv = torch.stack([first_order_error(wv_steps[l][e], -eta * k_wv[l]) for e, eta in enumerate(lrs)], 1)
         e_v_all = torch.stack([first_order_error(all_steps[e][n_layers + l], -eta * k_all_v[l])
                                for e, eta in enumerate(lrs)], 1)
-        # the W_V step's rounding bound, per head
-        W = torch.cat([twin.blocks[l].v.weight.detach(), twin.blocks[l].v.bias.detach()[:, None]], 1)  # (D, D+1)
-        xw = _per_head(_split((xa[l].abs() @ W.abs().T).view(B, T, D), H)).norm(dim=1)
-        xxg = _per_head(_split((xa[l].abs() @ (xa[l].abs().T @ g_v_flat[l].abs())).view(B, T, D), H)).norm(dim=1)
-        pred_norm = _per_head(k_wv[l]).norm(dim=1)
-        wv_bound = torch.stack([_EPS64 * (2 * (D + 2) * xw + (B * T + D + 1) * eta * xxg) / (eta * pred_norm)
-                                for eta in lrs], 1)
+        wv_bound = _wv_rounding_bound(twin.blocks[l].v, xa[l], g_v_flat[l], k_wv[l], lrs, H)
 
         rows = supervised_rows(g)
         cos_l = kernel_cosine(k_layer[l], g, rows)

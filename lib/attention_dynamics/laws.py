@@ -1,4 +1,4 @@
-"""The closed-form backward pass of an attention head (results R1-R3 of the digest).
+"""The closed-form backward pass of an attention head (results R1-R3 of the paper).
 
 Given the upstream gradient u_i = dL/dg_i, with no autograd:
 

@@ -127,7 +127,7 @@ def geometry_panels(steps, measures: list[dict], V: int, L: int):
 
 def seed_interval(ax, seeds, values, bars: dict[str, float], *, ylabel: str, log: bool = False):
     """One number per seed (dots), the 95% t-interval of their mean (what a seed-spread
-    verdict judges: :func:`attention_dynamics.claims.seed_ladder`) and the verdict's bars as
+    verdict judges: :func:`attention_dynamics.rules.seed_ladder`) and the verdict's bars as
     lines labelled by ``bars`` (label -> value)."""
     from scipy.stats import t as student_t
 

@@ -12,10 +12,9 @@ from typing import Callable
 
 import numpy as np
 
-from .claims import (BY_KEY, FAILS, HOLDS, IMPLEMENTS, IN_PART, INCONCLUSIVE, PARTLY, SAME, UNMEASURED, as_losses,
-                     geometric_steps, implements, paired_advantage, same_margin,
-                     steps_advantage, tuned_controls, wt_compare, wt_controls, wt_final_kl)
+from .claims import BY_KEY, IMPLEMENTS, IN_PART, implements, tuned_controls, wt_compare, wt_controls, wt_final_kl
 from .reference import SCRIPT_R7
+from .rules import FAILS, HOLDS, INCONCLUSIVE, PARTLY, SAME, UNMEASURED, as_losses, geometric_steps, steps_advantage
 
 __all__ = ["SENTENCES", "sentence", "verdict_of"]
 

@@ -1,4 +1,4 @@
-"""The linear cross-entropy read-out of the digest: z_i = W_O^T g_i, mean cross-entropy.
+"""The linear cross-entropy read-out of the paper's setting: z_i = W_O^T g_i, mean cross-entropy.
 
 Its backward is what feeds the laws: u_i = dL/dg_i = (1/n) W_O (p_i - e_{y_i}).
 """

@@ -25,7 +25,7 @@ SCRIPT_R7 = {
     "reach_steps": [746, 282, 345, 394, 522],  # first step whose EM-style loss < mean SGD final; 1000 if never
 }
 
-# Its printed summary, as the digest quotes it (mean ± np.std, i.e. ddof = 0, over the 5 seeds).
+# Its printed summary, as the paper quotes it (mean ± np.std, i.e. ddof = 0, over the 5 seeds).
 SCRIPT_R7_SUMMARY = {
     "sgd_final": (2.031, 0.021), "em_final": (1.932, 0.026), "reach_steps": (458, 164),
     "sgd_accuracy": 0.20, "em_accuracy": 0.26, "n_seeds": 5, "speedup": 2.2,

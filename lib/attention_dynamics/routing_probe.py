@@ -13,6 +13,7 @@ import copy
 import torch
 from torch import Tensor, nn
 
+from .agreement import measurable, sign_agreement
 from .laws import advantage, compatibility
 from .tasks.primitives import Batch
 from .ssm import SSMModel
@@ -106,16 +107,14 @@ def routing_probe(model: nn.Module, batch: Batch, lrs, *, move: str = "routing",
         for layer, (w, b, adv, visible, rows) in enumerate(before):
             after = stepped_all or step(lr, _layer_routing_parameters(twin, layer))
             change = _routing(after[layer])[0] - w
-            keep = visible & (change.abs() > rel_tol * change.abs().max())
             row = {"layer": layer + 1, "lr": lr, "move": move, "rows_with_a_mean": float(rows.double().mean())}
-            for law, pred, where in (("advantage", adv, keep & rows[..., None]), ("b", b, keep)):
-                where = where & (pred.abs() > rel_tol * pred.abs().max())
-                agree = (torch.sign(change) == -torch.sign(pred))[where].double()
-                moved = change.abs()[where]
-                row[f"follows_{law}"] = float(agree.mean())
-                row[f"weighted_{law}"] = float((agree * moved).sum() / moved.sum())
-                row[f"cosine_{law}"] = float(torch.nn.functional.cosine_similarity(change[where], -pred[where], dim=0))
-                row[f"n_{law}"] = int(where.sum())
+            for law, pred, where in (("advantage", adv, visible & rows[..., None]), ("b", b, visible)):
+                # weighted by the movement: an entry that barely moved says little
+                a = sign_agreement(change, -pred, where=where, weights=change.abs(), rel_tol=rel_tol)
+                keep = where & measurable(change, rel_tol) & measurable(pred, rel_tol)
+                row[f"follows_{law}"], row[f"weighted_{law}"] = a.rate, a.weighted
+                row[f"cosine_{law}"] = float(torch.nn.functional.cosine_similarity(change[keep], -pred[keep], dim=0))
+                row[f"n_{law}"] = a.n
             out.append(row)
     return out
 

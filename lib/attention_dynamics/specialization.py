@@ -10,8 +10,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .validation import check_float, check_int, check_tensor
+from .agreement import sign_agreement
 from .laws import advantage, attention_entropy
+from .validation import check_float, check_int, check_tensor
 
 __all__ = ["cluster_usage", "value_cluster_shares", "specialization_index", "advantage_sign_agreement", "movement_agreement",
            "pooled_movement_agreement", "whole_run_agreement",
@@ -66,13 +67,11 @@ def advantage_sign_agreement(alpha_t: Tensor, b_t: Tensor, change: Tensor, *, re
         check_tensor(name, t, min_ndim=1)
         if t.shape != alpha_t.shape:
             raise ValueError(f"{name} must have the shape of alpha_t {tuple(alpha_t.shape)}, got {tuple(t.shape)}")
+    # weighted by the law's push on the entry: alpha * |advantage| is the size of R1's
+    # closed-form change of alpha (agreement.py lists the weightings)
     adv = advantage(alpha_t, b_t)
-    keep = (alpha_t > 0) & (adv.abs() > rel_tol * adv.abs().max()) & (change.abs() > rel_tol * change.abs().max())
-    if not bool(keep.any()):
-        return float("nan"), float("nan"), 0
-    agree = (torch.sign(change) == -torch.sign(adv))[keep].to(alpha_t.dtype)
-    w = (alpha_t * adv.abs())[keep]
-    return float(agree.mean()), float((agree * w).sum() / w.sum()), int(keep.sum())
+    a = sign_agreement(change, -adv, where=alpha_t > 0, weights=alpha_t * adv.abs(), rel_tol=rel_tol)
+    return a.rate, a.weighted, a.n
 
 
 def movement_agreement(alpha_t: Tensor, b_t: Tensor, change: Tensor, *, rel_tol: float = 1e-9) -> tuple[float, float]:
@@ -81,11 +80,9 @@ def movement_agreement(alpha_t: Tensor, b_t: Tensor, change: Tensor, *, rel_tol:
     |change| over all entries compared), with the entries of :func:`advantage_sign_agreement`.
     Summed over a run, their ratio is the share of the attention's movement that follows the
     law: steps where attention barely moves (a plateau) count as little as they move."""
-    adv = advantage(alpha_t, b_t)
-    keep = (alpha_t > 0) & (adv.abs() > rel_tol * adv.abs().max()) & (change.abs() > rel_tol * change.abs().max())
-    moved = change.abs()[keep]
-    agree = (torch.sign(change) == -torch.sign(adv))[keep]
-    return float(moved[agree].sum()), float(moved.sum())
+    # weighted by the movement, so that pooled over a run it is a share of the movement
+    a = sign_agreement(change, -advantage(alpha_t, b_t), where=alpha_t > 0, weights=change.abs(), rel_tol=rel_tol)
+    return a.agreeing_weight, a.total_weight
 
 
 def error_prototypes(u: Tensor, cluster: Tensor, n_clusters: int) -> Tensor:

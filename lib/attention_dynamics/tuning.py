@@ -327,5 +327,6 @@ def reach_score(steps) -> float:
 
 
 def as_record(steps) -> list[float | None]:
-    """Steps per seed for a record: null where the level was never reached."""
+    """Numbers per seed (steps to a level, final losses) for a record: null where one is not
+    finite (a level never reached, a diverged run)."""
     return [None if not np.isfinite(x) else float(x) for x in np.asarray(steps, dtype=float)]

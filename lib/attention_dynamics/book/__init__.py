@@ -2,9 +2,21 @@
 what they compute with its provenance, judges the paper's claims and builds the HTML book.
 A reader of the science never needs to open it.
 
-- ``runner``: executes chapters with a parameter profile (papermill), caches, grids, the
-  command line ``python -m attention_dynamics.book``
+The runner, one job a module:
+
+- ``cli``: the command line ``python -m attention_dynamics.book``
+- ``jobs``: what is run (a chapter at a profile, the points of a grid) and how a failure reads
+- ``cache``: the cache key of a chapter and whether its last outputs can be trusted
+- ``execution``: one chapter through papermill, its outputs moved into place only on success
+- ``scheduling``: many chapters, one after another, side by side, or on a Dask cluster
+- ``timetable``: the time table a build prints
+- ``publishing``: a paper build's records into results/paper/, with the claims that moved
+
+And around it:
+
 - ``profiles``: ``notebooks/profiles.yml`` and the YAML in which parameter values travel
+- ``parameters``: each chapter's parameters with their ranges (``parameters.yml``), checked
+  by the notebook and by the runner
 - ``provenance``: what a record carries about its run, and the footer of every chapter
 - ``records``: the numbers a notebook records (and glues into its text), written atomically
 - ``scorecard``: the page listing every claim of the paper with its computed verdict

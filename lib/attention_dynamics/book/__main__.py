@@ -1,6 +1,6 @@
-"""python -m attention_dynamics.book: execute the chapters and build the book (see runner)."""
+"""python -m attention_dynamics.book: execute the chapters and build the book (see cli)."""
 import sys
 
-from .runner import main
+from .cli import main
 
 sys.exit(main())

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import yaml
 
+from .parameters import check_values, declarations, declared_chapters
+
 __all__ = ["PROFILES", "RUNNER_PARAMETERS", "find_root", "parse_value", "format_value", "load_profiles",
            "check_parameters"]
 
@@ -122,7 +124,12 @@ RUNNER_PARAMETERS = ("record_path", "profile")
 
 
 def check_parameters(name: str, notebook: Path, params: dict) -> None:
-    """Every parameter must exist in the notebook's parameters cell (papermill would only warn)."""
+    """Every parameter must exist in the notebook's parameters cell (papermill would only
+    warn), every parameter of that cell must be declared, and every value must lie in its
+    declared range (:mod:`attention_dynamics.book.parameters`), so that a bad profile or
+    ``--set`` fails before the chapter starts. A chapter the declarations do not name (a
+    book of one's own) is checked by its notebook alone; the book's own chapters are all
+    declared (``tests/test_parameters.py``)."""
     import papermill as pm
 
     known = set(pm.inspect_notebook(str(notebook)))
@@ -136,3 +143,12 @@ def check_parameters(name: str, notebook: Path, params: dict) -> None:
     reserved = sorted(set(params) & set(RUNNER_PARAMETERS))
     if reserved:
         raise ValueError(f"{reserved} are set by the runner, not by profiles or --set")
+    if name not in declared_chapters():  # a book of one's own (the tests' small ones)
+        return
+    undeclared = sorted(known - set(RUNNER_PARAMETERS) - set(declarations(name)))
+    if undeclared:
+        raise ValueError(f"notebook '{name}' has parameter(s) {undeclared} that book/parameters.yml does not declare")
+    try:
+        check_values(name, params)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"chapter '{name}': {e}") from None

@@ -42,7 +42,8 @@ def cell(text: str) -> str:
 def summary_text(chapter: str, values: dict, profile: str) -> str:
     """The summary box a chapter opens with: each of its claims, the paper's statement, our
     number with its uncertainty and the verdict, by the same rules as the scorecard."""
-    from ..claims import BEYOND, IDENTITY, PAPER, evaluate
+    from ..claims import evaluate
+    from ..rules import BEYOND, IDENTITY, PAPER
 
     kind = {IDENTITY: "identity", PAPER: "paper", BEYOND: "beyond"}
     rows = [r for r in evaluate({chapter: {"values": values}}) if r["chapter"] == chapter]

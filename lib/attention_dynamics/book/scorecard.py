@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..claims import (BEYOND, FAILS, HOLDS, IDENTITY, INCONCLUSIVE, OBSERVED, PAPER, PARTLY, UNMEASURED, VERDICTS,
-                      evaluate)
+from ..claims import evaluate
+from ..rules import (BEYOND, FAILS, HOLDS, IDENTITY, INCONCLUSIVE, OBSERVED, PAPER, PARTLY, UNMEASURED,
+                     VERDICTS)
 from .render import cell
 
 __all__ = ["render", "write_scorecard", "read_records"]

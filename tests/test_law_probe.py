@@ -73,7 +73,7 @@ def test_free_scores_the_kernel_is_the_identity_and_the_law_passes_whole():
     rows = supervised_rows(g)
     assert not bool(rows[:, :, 0].any()) and bool(rows[:, :, 1:].all())  # the first query sees one key
     # cosine of g with itself: T-term sums, rounding ~ T eps
-    assert torch.allclose(kernel_cosine(kg, g, rows), torch.ones(H, dtype=torch.float64), atol=1e3 * EPS, rtol=0)
+    torch.testing.assert_close(kernel_cosine(kg, g, rows), torch.ones(H, dtype=torch.float64), rtol=0, atol=1e3 * EPS)
 
 
 def test_bilinear_scores_first_order_check_is_exact_to_the_second_order_term():
@@ -138,7 +138,7 @@ def test_jacobian_vector_product_matches_the_explicit_jacobian():
     for i in range(2):
         want = (jac[i][0].reshape(outs[i].numel(), -1) @ ta.reshape(-1) + jac[i][1].reshape(outs[i].numel(), -1) @ tb)
         # a handful of terms each: rounding ~ 10 eps of the entries
-        assert torch.allclose(got[i].reshape(-1), want, atol=1e-13, rtol=0)
+        torch.testing.assert_close(got[i].reshape(-1), want, rtol=0, atol=1e-13)
     assert torch.equal(got[2], torch.zeros(2, dtype=torch.float64))
     with pytest.raises(ValueError, match="tangents\\[1\\] must have the shape"):
         jacobian_vector_product(outs, [a, b], [ta, ta])
@@ -252,7 +252,7 @@ def test_a_wrong_law_fails_the_first_order_check_and_the_cosine(small, layer):
     wrong = torch.stack([first_order_error(d, -eta * kr, visible=visible) for eta, d in zip(LRS, steps)], 1)
     for h in range(g.shape[1]):
         assert right[h, 0] < 1e-5
-        assert torch.allclose(flipped[h], torch.full_like(flipped[h], 2.0), atol=1e-3)
+        torch.testing.assert_close(flipped[h], torch.full_like(flipped[h], 2.0), rtol=1e-5, atol=1e-3)
         assert abs(loglog_slope(LRS, flipped[h].tolist())) < 0.01
         assert float(wrong[h].min()) > 0.5 and abs(loglog_slope(LRS, wrong[h].tolist())) < 0.05
     rows = supervised_rows(g)
@@ -304,9 +304,9 @@ def test_the_ceiling_is_one_for_a_function_of_the_tuple_and_zero_for_its_complem
     f = table[:, tokens[:, :, None], i[:, None], tokens[:, None, :], i[None, :]]  # (H, B, T, T)
     f = torch.where(_causal(T), f.transpose(0, 1), torch.zeros(()))
     # group means of a constant group reproduce it up to ~ (group size) eps
-    assert torch.allclose(tuple_ceiling(f, tokens), torch.ones(H, dtype=torch.float64), atol=1e-12, rtol=0)
+    torch.testing.assert_close(tuple_ceiling(f, tokens), torch.ones(H, dtype=torch.float64), rtol=0, atol=1e-12)
     rows = torch.rand(B, H, T, generator=gen) < 0.6
-    assert torch.allclose(tuple_ceiling(f, tokens, rows), torch.ones(H, dtype=torch.float64), atol=1e-12, rtol=0)
+    torch.testing.assert_close(tuple_ceiling(f, tokens, rows), torch.ones(H, dtype=torch.float64), rtol=0, atol=1e-12)
     # a generic g: strictly between; its part with zero group means: ceiling 0
     g = torch.where(_causal(T), torch.randn(B, H, T, T, generator=gen, dtype=torch.float64), torch.zeros(()))
     c = tuple_ceiling(g, tokens)

@@ -1,4 +1,5 @@
-"""The training loop, its update rules, the EM pieces and the specialization measures."""
+"""The training loop and its update rules: rates per run and role, divergence stopped with the
+step and the cause, closed-form training against autograd, the prototype M-step."""
 from __future__ import annotations
 
 
@@ -6,12 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from attention_dynamics.em import (em_step, gmm_log_likelihood, gmm_responsibilities, head_e_step, head_value_step,
-                                   sample_gmm, squared_error_value_gradient)
+from attention_dynamics.em import head_value_step, squared_error_value_gradient
 from attention_dynamics.head import HeadParams, init_memory_head
 from attention_dynamics.laws import head_loss_fn, loss_and_gradients
-from attention_dynamics.specialization import (advantage_sign_agreement, cluster_usage, specialization_index,
-                                               value_cluster_shares)
 from attention_dynamics.tasks.clusters import make_cluster_task
 from attention_dynamics.training import (SGD, PrototypeMStep, StepOutput, TorchOptimizer, TrainingDiverged, em_style,
                                          head_rates, train)
@@ -31,7 +29,7 @@ def test_sgd_on_a_quadratic_contracts_by_one_minus_lr():
     p = {"w": torch.zeros(2, dtype=F64)}
     h = train(p, quadratic(target), SGD(0.25), 10)
     assert h.loss.shape == (11,)
-    assert np.allclose(h.loss, h.loss[0] * 0.75 ** (2 * np.arange(11)), rtol=1e-12)
+    np.testing.assert_allclose(h.loss, h.loss[0] * 0.75 ** (2 * np.arange(11)), rtol=1e-12, atol=1e-8)
 
 
 def test_per_run_rates_and_losses_for_batched_runs():
@@ -39,7 +37,7 @@ def test_per_run_rates_and_losses_for_batched_runs():
     p = {"w": torch.ones(3, 2, dtype=F64)}
     h = train(p, quadratic(target), SGD({"w": torch.tensor([0.1, 0.5, 1.0], dtype=F64)}), 1)
     assert h.loss.shape == (2, 3)
-    assert np.allclose(h.loss[1], [0.81, 0.25, 0.0])
+    np.testing.assert_allclose(h.loss[1], [0.81, 0.25, 0.0], rtol=1e-5, atol=1e-8)
 
 
 def test_divergence_stops_with_step_and_cause():
@@ -98,7 +96,7 @@ def test_closed_form_training_matches_autograd_sgd():
         loss.backward()
         opt.step()
     for n in p:
-        assert torch.allclose(p[n], ref[n].detach(), atol=1e-12)
+        torch.testing.assert_close(p[n], ref[n].detach(), rtol=1e-5, atol=1e-12)
 
 
 def test_torch_optimizer_rule_with_clipping():
@@ -123,57 +121,10 @@ def test_prototype_m_step_lands_on_weighted_mean_under_hard_attention():
     p = {"W_V": values.clone()[None]}
     PrototypeMStep(0.1)(p, StepOutput(torch.tensor(0.0), {"W_V": grad[None]}, {"responsibility": alpha.sum(0)[None]}), 0)
     mean = torch.stack([x[torch.arange(12) % 3 == j].mean(0) for j in range(3)])
-    assert torch.allclose(p["W_V"][0], mean, atol=1e-14)
-    assert torch.allclose(head_value_step(alpha, values, x), mean, atol=1e-14)
+    torch.testing.assert_close(p["W_V"][0], mean, rtol=1e-5, atol=1e-14)
+    torch.testing.assert_close(head_value_step(alpha, values, x), mean, rtol=1e-5, atol=1e-14)
 
 
 def test_prototype_m_step_needs_responsibilities():
     with pytest.raises(KeyError, match="responsibility"):
         PrototypeMStep(0.1)({"W_V": torch.zeros(1, 2, 2)}, StepOutput(torch.tensor(0.0), {"W_V": torch.zeros(1, 2, 2)}), 0)
-
-
-def test_head_attention_is_the_e_step_and_em_increases_likelihood():
-    means = torch.tensor([[0.0, 0.0], [3.0, 0.0], [0.0, 3.0]], dtype=F64)
-    x, _ = sample_gmm(50, means, 1.0, seed=0)
-    start = means + 0.7
-    assert torch.allclose(head_e_step(x, start, 1.0), gmm_responsibilities(x, start, 1.0), atol=1e-14)
-    ll = [gmm_log_likelihood(x, start, 1.0)]
-    mu = start
-    for _ in range(20):
-        mu = em_step(x, mu, 1.0)
-        ll.append(gmm_log_likelihood(x, mu, 1.0))
-    assert all(b >= a - 1e-12 for a, b in zip(ll, ll[1:]))  # EM never lowers the likelihood
-    # independent check of the responsibilities
-    d2 = ((x[:, None] - start[None]) ** 2).sum(-1)
-    r = torch.softmax(-d2 / 2, 1)
-    assert torch.allclose(gmm_responsibilities(x, start, 1.0), r, atol=1e-14)
-
-
-def test_specialization_index_extremes():
-    cluster = torch.tensor([0, 0, 1, 1])
-    perfect = torch.tensor([[1.0, 0], [1, 0], [0, 1], [0, 1]], dtype=F64)
-    uniform = torch.full((4, 2), 0.5, dtype=F64)
-    assert specialization_index(perfect, cluster, 2) == pytest.approx(1.0)
-    assert specialization_index(uniform, cluster, 2) == pytest.approx(0.0, abs=1e-15)
-    usage = cluster_usage(perfect, cluster, 2)
-    assert usage.tolist() == [[1.0, 0.0], [0.0, 1.0]]
-    shares, N = value_cluster_shares(uniform, cluster, 2)
-    assert N.tolist() == [2.0, 2.0] and shares.tolist() == [[0.5, 0.5], [0.5, 0.5]]
-
-
-def test_advantage_sign_agreement_counts():
-    alpha = torch.tensor([[0.5, 0.25, 0.25]], dtype=F64)
-    b = torch.tensor([[1.0, -1.0, 3.0]], dtype=F64)  # advantages [0, -2, 2]
-    rate, wrate, n = advantage_sign_agreement(alpha, b, torch.tensor([[0.0, 0.1, -0.1]], dtype=F64))
-    assert (rate, wrate, n) == (1.0, 1.0, 2)
-    rate, wrate, n = advantage_sign_agreement(alpha, b, torch.tensor([[0.0, -0.1, -0.1]], dtype=F64))
-    assert rate == 0.5 and n == 2
-
-
-def test_cluster_task_and_symmetric_start():
-    task = make_cluster_task(4, 6, 5, spread=0.0, seed=3)
-    assert task.x.shape == (24, 5) and torch.allclose(task.x, task.centers[task.cluster])
-    p = init_memory_head(5, task.n_slots, task.n_clusters, 3, 2, seed=0, symmetric=0.0)
-    assert torch.all(p["W_V"][0] == p["W_V"][0, :1]) and torch.all(p["W_K"][0] == p["W_K"][0, :1])
-    with pytest.raises(ValueError, match="n_clusters must be an integer in \\[2, 64\\]"):
-        make_cluster_task(1)

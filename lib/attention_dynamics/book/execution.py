@@ -1,0 +1,110 @@
+"""Running one chapter: papermill in a private work folder, the record stamped with its
+provenance, and the outputs moved into place only when the notebook succeeded."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from .cache import cache_key, cached_result, file_digest, library_digest
+from .jobs import Job, JobResult, NotebookFailed
+from .provenance import append_provenance, provenance, repository
+from .records import write_json_atomic
+
+__all__ = ["execute", "KERNEL_ARGUMENTS"]
+
+
+# The kernel warns on every start that it talks over local TCP (it is local), and logs an
+# ERROR for the interrupt jupyter_client sends before every shutdown: both would print once
+# per chapter. A failing cell still reaches the reader, through papermill's exception.
+KERNEL_ARGUMENTS = ["--IPKernelApp.log_level=CRITICAL"]
+
+
+def execute(job: Job, progress_bar: bool = False) -> JobResult:
+    """Run one notebook; skip it when its last successful run had the same cache key and
+    its outputs are intact. Works in a private folder inside the output folder and moves
+    the results into place only when the notebook succeeded, so a failure or an
+    interruption leaves the last good outputs (and nothing half-written) behind."""
+    import papermill as pm
+
+    key = cache_key(job)
+    hit, why = cached_result(job, key)
+    if hit is not None:
+        return hit
+    if why:
+        print(f"note: {job.stem}: {why}; executing it again", file=sys.stderr, flush=True)
+    out_dir = Path(job.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _remove_stale_work_dirs(out_dir, job.stem)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{job.stem}.pid{os.getpid()}.", suffix=".running", dir=out_dir))
+    try:
+        tmp_nb = tmp / f"{job.stem}.ipynb"
+        tmp_rec = tmp / f"{job.stem}.json"
+        params = dict(job.parameters, record_path=str(tmp_rec), profile=job.profile)
+        bar = {"desc": job.stem, "leave": False, "ncols": shutil.get_terminal_size((80, 24)).columns} if progress_bar else False
+        start = time.perf_counter()
+        try:
+            pm.execute_notebook(job.notebook, str(tmp_nb), parameters=params, kernel_name="python3",
+                                cwd=str(Path(job.notebook).parent), progress_bar=bar,
+                                request_save_on_cell_execute=False, extra_arguments=KERNEL_ARGUMENTS)
+        except pm.PapermillExecutionError as e:
+            frames = [_strip_ansi(t) for t in (e.traceback or []) if "Cell In[" in _strip_ansi(t)]
+            tail = frames[-1].splitlines()[0] if frames else ""
+            raise NotebookFailed(job.stem, e.exec_count, e.ename, e.evalue, tail) from None
+        except Exception as e:  # kernel death, bad parameters, missing kernel
+            raise NotebookFailed(job.stem, None, type(e).__name__, str(e)) from None
+        seconds = time.perf_counter() - start
+        if not tmp_rec.is_file():
+            raise NotebookFailed(job.stem, None, "MissingRecord", "the notebook ran but saved no record (call rec.save())")
+        record = _stamped_record(job, key, seconds, tmp_nb, tmp_rec)
+        # The notebook first, then the record that vouches for it: a crash in between
+        # leaves a record whose SHA-256 does not match, which only means the next run
+        # executes again.
+        os.chmod(tmp_nb, 0o644)
+        os.replace(tmp_nb, job.output)
+        write_json_atomic(job.record, record)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return JobResult(job.stem, "ran", seconds, record)
+
+
+def _stamped_record(job: Job, key: str, seconds: float, tmp_nb: Path, tmp_rec: Path) -> dict:
+    """The record the notebook saved, with its provenance: the run's, the computation paths
+    it took, the SHA-256 of the source notebook and of the library it imports, and (after
+    the provenance footer is appended to the executed notebook) that notebook's SHA-256."""
+    record = json.loads(tmp_rec.read_text(encoding="utf-8"))
+    record["provenance"] = provenance(job, key, seconds)
+    record["provenance"]["paths"] = record.pop("paths", {})
+    record["provenance"]["notebook_sha256"] = file_digest(Path(job.notebook))
+    record["provenance"]["library_digest"] = library_digest(job)
+    append_provenance(tmp_nb, record["provenance"], repository(Path(job.root)))
+    record["provenance"]["output_sha256"] = file_digest(tmp_nb)
+    return record
+
+
+def _remove_stale_work_dirs(out_dir: Path, stem: str) -> None:
+    """Work folders of runs of this chapter whose process no longer exists (killed
+    without a chance to clean up)."""
+    for d in out_dir.glob(f".{stem}.pid*.running"):
+        m = re.match(rf"^\.{re.escape(stem)}\.pid(\d+)\.", d.name)
+        if m and not _pid_alive(int(m.group(1))):
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _strip_ansi(s: str) -> str:
+    return re.sub(r"\x1b\[[0-9;]*m", "", s)

@@ -1,0 +1,129 @@
+"""Running many chapters: one after another, side by side on a local process pool (longest
+first, the threads shared out), on any concurrent.futures executor, or a grid on a Dask
+cluster; the first failure stops the rest."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from concurrent.futures import FIRST_EXCEPTION, Executor, wait
+from pathlib import Path
+
+from .execution import execute
+from .jobs import RESULTS, Job, JobResult
+
+__all__ = ["usable_cpus", "expected_seconds", "longest_first", "run_chapters", "run_jobs", "run_grid",
+           "SCHEDULER_TIMEOUT_S"]
+
+
+def usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+def _use_threads(threads: int) -> None:
+    """In a worker: the kernels it starts (and their PyTorch) use this many threads."""
+    for var in THREAD_VARIABLES:
+        os.environ[var] = str(threads)
+
+
+def expected_seconds(job: Job) -> float:
+    """How long the chapter took last time: its record in the output folder, else (paper
+    profile) the committed paper record; 0 when neither says."""
+    for path in (job.record, Path(job.root) / RESULTS / f"{job.name}.json"):
+        try:
+            record = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        prov = record.get("provenance", {})
+        if prov.get("profile") == job.profile and isinstance(prov.get("seconds"), (int, float)):
+            return float(prov["seconds"])
+    return 0.0
+
+
+def longest_first(jobs: list[Job]) -> list[Job]:
+    """The jobs by the time their last run took, longest first (stable for ties)."""
+    return sorted(jobs, key=expected_seconds, reverse=True)
+
+
+def run_chapters(jobs: list[Job], workers: int | None = None, *, progress: bool = True) -> list[JobResult]:
+    """Run chapters ``workers`` at a time (default: one per usable CPU, at most one per
+    chapter), longest first, each worker's kernels with CPUs // workers threads; the results
+    come back in the order of ``jobs``."""
+    cpus = usable_cpus()
+    workers = min(workers or cpus, len(jobs))
+    if workers <= 1:
+        return run_jobs(jobs, progress=progress)
+    from concurrent.futures import ProcessPoolExecutor
+
+    order = longest_first(jobs)
+    threads = max(1, cpus // workers)
+    if progress:
+        print(f"{len(jobs)} chapters, {workers} side by side, {threads} thread(s) each", flush=True)
+    with ProcessPoolExecutor(max_workers=workers, initializer=_use_threads, initargs=(threads,)) as pool:
+        results = {r.name: r for r in run_jobs(order, pool, progress=progress)}
+    return [results[j.stem] for j in jobs]
+
+
+def _report(i: int, total: int, r: JobResult) -> None:
+    print(f"[{i}/{total}] {r.name}: {r.status}" + (f" in {r.seconds:.1f} s" if r.status == "ran" else ""), flush=True)
+
+
+def run_jobs(jobs: list[Job], executor: Executor | None = None, *, progress: bool = True) -> list[JobResult]:
+    """Run jobs one after another, or on any concurrent.futures executor (a process
+    pool, or a Dask cluster's ``client.get_executor()``). Prints one line per finished
+    chapter (and, on a terminal, a per-cell bar while one runs). Stops at the first
+    failure: jobs not yet started are cancelled, running ones finish, then the failure
+    (with its chapter, cell and cause) is raised."""
+    results: list[JobResult] = []
+    total = len(jobs)
+    if executor is None:
+        for i, job in enumerate(jobs, 1):
+            r = execute(job, progress_bar=progress and sys.stderr.isatty())
+            results.append(r)
+            if progress:
+                _report(i, total, r)
+        return results
+    futures = [executor.submit(execute, job) for job in jobs]
+    done_count = 0
+    pending = set(futures)
+    while pending:
+        done, pending = wait(pending, return_when=FIRST_EXCEPTION)
+        failed = [f for f in done if f.exception() is not None]
+        if failed:
+            for f in pending:
+                f.cancel()
+            wait(pending)  # running jobs finish and clean up after themselves
+            raise failed[0].exception()
+        for f in done:
+            done_count += 1
+            if progress:
+                _report(done_count, total, f.result())
+    return [f.result() for f in futures]
+
+
+SCHEDULER_TIMEOUT_S = 10
+
+
+def run_grid(jobs: list[Job], workers: int | None, scheduler: str | None) -> list[JobResult]:
+    if scheduler:
+        from distributed import Client
+
+        try:
+            client = Client(scheduler, timeout=f"{SCHEDULER_TIMEOUT_S}s")
+        except Exception as e:  # OSError, TimeoutError, or a malformed address
+            raise ValueError(f"cannot reach the Dask scheduler at {scheduler} within {SCHEDULER_TIMEOUT_S} s "
+                             f"({type(e).__name__})") from None
+        with client:
+            return run_jobs(jobs, client.get_executor())
+    if workers and workers > 1:
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            return run_jobs(jobs, pool)
+    return run_jobs(jobs)

@@ -1,0 +1,30 @@
+"""The time table a build prints at its end: each chapter's seconds, threads and share, the
+sum, and the wall clock with the processor."""
+from __future__ import annotations
+
+from .jobs import JobResult
+from .scheduling import usable_cpus
+
+__all__ = ["timing_table"]
+
+
+def timing_table(results: list[JobResult], wall_seconds: float | None = None) -> str:
+    """Each chapter's seconds (this run's, or its cached run's), threads and share of the
+    sum; then the sum, and the wall-clock time of this run with the processor."""
+    from ..machine import cpu_model
+
+    width = max([len(r.name) for r in results] + [16])
+    secs = [float(r.record.get("provenance", {}).get("seconds", r.seconds)) for r in results]
+    whole = sum(secs) or 1.0
+    lines = [f"{'chapter':<{width}}  status   seconds  threads  share",
+             f"{'-' * width}  ------  --------  -------  -----"]
+    for r, t in zip(results, secs):
+        threads = r.record.get("provenance", {}).get("threads", "")
+        lines.append(f"{r.name:<{width}}  {r.status:<6}  {t:8.1f}  {threads!s:>7}  {100 * t / whole:4.0f}%")
+    lines.append(f"{'sum of chapters':<{width}}          {sum(secs):8.1f}")
+    ran = sum(r.seconds for r in results)
+    lines.append(f"{'executed now':<{width}}          {ran:8.1f}")
+    if wall_seconds is not None:
+        lines.append(f"{'wall clock':<{width}}          {wall_seconds:8.1f}  on {cpu_model()}, "
+                     f"{usable_cpus()} CPUs")
+    return "\n".join(lines)
