@@ -1,7 +1,9 @@
 """The one sign-agreement measure (agreement.sign_agreement) on cases whose answer is known:
 a change that is the prediction agrees everywhere, its negative nowhere, a coin-flip change
 half the time; the weighting moves the weighted share and only it; entries too small to
-have a sign are left out; and the three callers' readings are its readings."""
+have a sign are left out; and the specialization chapter's two readings are its readings
+(the law probe and the routing probe call it the same way; their chapters' quick records
+were compared before and after the change, value by value)."""
 from __future__ import annotations
 
 import math
@@ -58,12 +60,19 @@ def test_shapes_must_match():
         sign_agreement(torch.ones(3, dtype=F64), torch.ones(4, dtype=F64))
 
 
-def test_the_specialization_readings_are_the_shared_measure():
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_the_specialization_readings_are_the_shared_measure(dtype):
+    """The specialization chapter's two readings, with causally masked attention (alpha = 0
+    above the diagonal, where the advantage is not a law: those entries must be left out)."""
     g = torch.Generator().manual_seed(2)
-    alpha = torch.softmax(torch.randn(6, 5, generator=g, dtype=F64), -1)
-    b, change = torch.randn(6, 5, generator=g, dtype=F64), torch.randn(6, 5, generator=g, dtype=F64)
+    scores = torch.randn(6, 6, generator=g, dtype=F64).masked_fill(torch.ones(6, 6, dtype=torch.bool).triu(1), -math.inf)
+    alpha = torch.softmax(scores, -1).to(dtype)
+    b, change = (torch.randn(6, 6, generator=g, dtype=F64).to(dtype) for _ in range(2))
     adv = advantage(alpha, b)
     shared = sign_agreement(change, -adv, where=alpha > 0, weights=alpha * adv.abs())
     assert advantage_sign_agreement(alpha, b, change) == (shared.rate, shared.weighted, shared.n)
+    # 21 visible entries of 6 causal rows; the 15 hidden ones are left out, and so is the
+    # one-key first row, whose advantage is exactly 0 (no sign to speak of)
+    assert shared.n == 20
     moved = sign_agreement(change, -adv, where=alpha > 0, weights=change.abs())
     assert movement_agreement(alpha, b, change) == (moved.agreeing_weight, moved.total_weight)

@@ -41,6 +41,8 @@ def test_both_profiles_and_the_notebooks_defaults_lie_inside_the_declarations():
     ("wt_tuned", {"slow": 1.0}, r"slow must be a finite number in \(0, 1\)"),
     ("two_timescale_em", {"separations": [2.0]}, "separations must be a list of at least 2"),
     ("wt_laws", {"wind_tunnel": [8, 7]}, "wind_tunnel must be a mapping of settings"),
+    # a bound written 1.0e+6: YAML 1.1 reads 1.0e6 as a string, which left it open
+    ("two_timescale_em", {"ratios": [1.0, 2.0e6]}, r"ratios\[1\] must be a finite number in \[1, 1e\+06\]"),
 ])
 def test_a_value_outside_its_declared_range_is_refused_by_name(chapter, values, message):
     with pytest.raises((TypeError, ValueError), match=message):
@@ -70,3 +72,53 @@ def test_the_tuned_chapters_seed_bound_leaves_room_for_the_held_out_sequences():
 
     for name in ("tuning_seeds", "test_seeds", "cluster_tuning_seeds", "cluster_test_seeds"):
         assert declarations("tuned_baselines")[name]["max"] == 2**31 - 1 - HELD_OUT, name
+
+
+KEYS = {"type", "min", "max", "open", "min_len", "of", "sorted"}
+
+
+def _set_before_the_check(chapter: str) -> set[str]:
+    """The names a chapter's notebook assigns before its check_declared call (its parameters
+    and what it derives from them, such as the wind tunnel's n_steps)."""
+    import ast
+
+    import nbformat
+
+    nb = nbformat.read(ROOT / "notebooks" / f"{chapter}.ipynb", as_version=4)
+    source = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    before = source[:source.index("check_declared(")]
+    before = before[:before.rfind("\n") + 1]
+    return {n.id for n in ast.walk(ast.parse(before)) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+
+
+def _declaration_problems(chapter: str, specs: dict, set_by_notebook: set[str]) -> list[str]:
+    """What is wrong with one chapter's declarations: an unknown key or value (a typo would
+    silently loosen a check), or a bound naming something neither declared before it nor set
+    by the notebook before its check (the bound would be left open everywhere)."""
+    problems, declared = [], []
+    for name, spec in specs.items():
+        where = f"{chapter}.{name}"
+        problems += [f"{where}: unknown key {k!r}" for k in set(spec) - KEYS]
+        if "open" in spec and (spec["open"] not in ("low", "high", "both") or spec["type"] not in ("float", "floats")):
+            problems.append(f"{where}: open {spec['open']!r} on a {spec['type']}")
+        if "sorted" in spec and (spec["sorted"] != "descending" or spec["type"] != "floats"):
+            problems.append(f"{where}: sorted {spec['sorted']!r} on a {spec['type']}")
+        for bound in ("min", "max"):
+            ref = spec.get(bound)
+            if isinstance(ref, str) and ref not in declared and ref not in set_by_notebook:
+                problems.append(f"{where}: {bound} names {ref!r}, neither declared before it nor set by the notebook")
+        declared.append(name)
+    return problems
+
+
+def test_every_declaration_is_well_formed_and_every_named_bound_exists():
+    problems = [p for c in declared_chapters() for p in _declaration_problems(c, declarations(c), _set_before_the_check(c))]
+    assert not problems, problems
+    assert "n_steps" in _set_before_the_check("wt_laws")  # the bound the notebook alone applies
+
+
+def test_the_declaration_check_catches_a_typo():
+    bad = {"a": {"type": "int", "max": "n_step"}, "b": {"type": "float", "opne": "low"},
+           "c": {"type": "int", "open": "low"}, "d": {"type": "floats", "sorted": "ascending"}}
+    problems = _declaration_problems("x", bad, {"n_steps"})
+    assert len(problems) == 4 and "'n_step'" in problems[0]

@@ -7,7 +7,11 @@ its allowed range.
 
 A declaration is a mapping with ``type`` (``int``, ``float``, ``ints``, ``floats``,
 ``choice``, ``settings``: a mapping of a config's settings, which the config checks),
-optionally ``min`` and ``max`` (a number, or the name of a parameter declared before it),
+optionally ``min`` and ``max`` (a number; or the name of a parameter declared before it; or
+the name of a quantity the notebook sets before it calls :func:`check_declared`, such as the
+wind tunnel's ``n_steps`` read from its settings, which only the notebook can apply: the
+runner, which does not run the notebook, leaves such a bound open; tests/test_parameters.py
+checks that every named bound is one of the two),
 ``open`` (``low``, ``high`` or ``both``: which bounds are excluded), ``min_len`` (lists),
 ``of`` (the choices) and ``sorted: descending`` (a list the chapter reads largest first).
 Relations that are not a bound (two seed lists that must not share a seed) stay in the

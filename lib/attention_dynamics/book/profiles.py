@@ -127,7 +127,10 @@ def check_parameters(name: str, notebook: Path, params: dict) -> None:
     """Every parameter must exist in the notebook's parameters cell (papermill would only
     warn), every parameter of that cell must be declared, and every value must lie in its
     declared range (:mod:`attention_dynamics.book.parameters`), so that a bad profile or
-    ``--set`` fails before the chapter starts. A chapter the declarations do not name (a
+    ``--set`` fails before the chapter starts, as far as the runner can tell without running
+    the notebook: a bound on a quantity the notebook derives (the wind tunnel's ``n_steps``)
+    and the relations between parameters (``larger_V > V``, a window shorter than the
+    sequence) are checked by the notebook when it starts. A chapter the declarations do not name (a
     book of one's own) is checked by its notebook alone; the book's own chapters are all
     declared (``tests/test_parameters.py``)."""
     import papermill as pm
