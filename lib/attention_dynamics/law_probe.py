@@ -20,12 +20,14 @@ import copy
 import math
 from typing import Callable, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from .agreement import sign_agreement
 from .laws import compatibility, routing_gradient, value_gradient
 from .specialization import advantage_sign_agreement
+from .stats import line_fit
 from .tasks.bijection import WindTunnel
 from .transformer import CausalTransformer, parameter_groups
 from .validation import check_float, check_float_list, check_tensor
@@ -228,13 +230,10 @@ def loglog_slope(lrs: Sequence[float], errors: Sequence[float]) -> float:
     """Least-squares slope of log(error) against log(eta): 1 for a first-order prediction
     (remainder O(eta^2) against an O(eta) change), 0 for an error that does not shrink.
     NaN when an error is not positive and finite."""
-    e = torch.tensor([float(v) for v in errors], dtype=torch.float64)
-    if len(e) < 2 or not bool((torch.isfinite(e) & (e > 0)).all()):
+    e = np.asarray([float(v) for v in errors])
+    if len(e) < 2 or not bool((np.isfinite(e) & (e > 0)).all()):
         return float("nan")
-    x = torch.log(torch.tensor([float(v) for v in lrs], dtype=torch.float64))
-    y = torch.log(e)
-    xc = x - x.mean()
-    return float((xc * (y - y.mean())).sum() / (xc * xc).sum())
+    return line_fit(np.log([float(v) for v in lrs]), np.log(e))[0]
 
 
 def kernel_cosine(a: Tensor, g: Tensor, rows: Tensor | None = None) -> Tensor:
