@@ -76,7 +76,7 @@ def test_the_tuned_chapters_seed_bound_leaves_room_for_the_held_out_sequences():
 
 
 def _set_before_the_check(chapter: str) -> set[str]:
-    """The names a chapter's notebook assigns before its check_declared call (its parameters
+    """The names a chapter's notebook assigns before its start_chapter call (its parameters
     and what it derives from them, such as the wind tunnel's n_steps)."""
     import ast
 
@@ -84,7 +84,7 @@ def _set_before_the_check(chapter: str) -> set[str]:
 
     nb = nbformat.read(ROOT / "notebooks" / f"{chapter}.ipynb", as_version=4)
     source = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
-    before = source[:source.index("check_declared(")]
+    before = source[:source.index("start_chapter(")]
     before = before[:before.rfind("\n") + 1]
     return {n.id for n in ast.walk(ast.parse(before)) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
 
