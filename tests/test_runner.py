@@ -294,3 +294,25 @@ def test_chapters_run_side_by_side_longest_first_with_one_thread_each(tmp_path, 
     assert all(r.record["provenance"]["threads"] == 1 for r in results)
     table = timetable.timing_table(results, 3.0)
     assert "share" in table and "wall clock" in table and "long" in table
+
+
+def test_the_books_chapters_run_on_a_dask_cluster(tmp_path, capsys):
+    """The whole book (here two chapters) through the runner's command line on a local
+    Dask cluster, longest first, its records where a local run writes them."""
+    from distributed import LocalCluster
+
+    from attention_dynamics.book.cli import main
+
+    root = make_root(tmp_path)
+    shutil.copy(root / "notebooks" / "tiny.ipynb", root / "notebooks" / "other.ipynb")
+    (root / "notebooks" / "profiles.yml").write_text(
+        "tiny:\n  quick: {x: 3}\n  paper: {x: 5}\nother:\n  quick: {x: 7}\n  paper: {x: 9}\n")
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+        argv = ["--profile", "quick", "--scheduler", cluster.scheduler_address, "--out", str(tmp_path / "out")]
+        with pytest.MonkeyPatch.context() as mp:
+            mp.chdir(root)
+            assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert f"2 chapters on the Dask cluster at {cluster.scheduler_address}" in out
+    records = {n: json.loads((tmp_path / "out" / f"{n}.json").read_text()) for n in ("tiny", "other")}
+    assert records["tiny"]["values"]["double"] == 6 and records["other"]["values"]["double"] == 14
