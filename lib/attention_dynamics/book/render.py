@@ -88,7 +88,7 @@ def run_hint_text(chapter: str, prov: dict, paper_prov: dict | None) -> str:
         lines.append(f"The committed paper-profile record (`results/paper/{chapter}.json`) ran in "
                      f"{_ran(paper_prov)}.")
     lines += ["On a small machine, run it at the `quick` profile, from a clone of the repository:", "",
-              "```bash", f"python3 make.py book --profile quick  # every chapter, or one:",
+              "```bash", "python3 make.py book --profile quick  # every chapter, or one:",
               f".venv/bin/attention-book --profile quick --only {chapter} --out my-runs", "```", "",
               "or, in Jupyter, Colab or Binder, set the parameters of the first cells to the `quick:` "
               f"values for `{chapter}` in `notebooks/profiles.yml`; {{doc}}`../rerun` has the details.", ":::"]
