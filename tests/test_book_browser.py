@@ -82,9 +82,13 @@ if (window.MathJax && MathJax.startup && MathJax.startup.promise) {
 """
 
 
+def _pages(built_book) -> list[str]:
+    return sorted(p.relative_to(built_book).as_posix() for p in built_book.rglob("*.html")
+                  if not p.relative_to(built_book).as_posix().startswith("_static/"))  # theme template fragments
+
+
 def test_every_page_loads_cleanly(built_book, server, browser):
-    pages = sorted(p.relative_to(built_book).as_posix() for p in built_book.rglob("*.html")
-                   if not p.relative_to(built_book).as_posix().startswith("_static/"))  # theme template fragments
+    pages = _pages(built_book)
     assert "index.html" in pages and "scorecard.html" in pages and "chapters/routing_law.html" in pages
     problems, checked_links, math_pages = [], 0, 0
     browser.set_script_timeout(60)
@@ -121,7 +125,44 @@ def test_every_page_loads_cleanly(built_book, server, browser):
         assert (built_book / page).read_text().count("<img") >= 1, f"{page} shows no figure"
 
 
-@pytest.mark.parametrize("width", [1280, 1440])
+WIDTHS = (1280, 1366, 1440)  # the common laptop and desktop widths
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_no_page_scrolls_sideways(built_book, server, browser, width):
+    """At each width the page itself never scrolls sideways; a long equation or table may
+    scroll inside its own box (which does not widen the page)."""
+    browser.set_window_size(width, 1000)
+    wide = []
+    for page in _pages(built_book):
+        browser.get(urljoin(server, page))
+        client, scroll = browser.execute_script(
+            "const e = document.scrollingElement; return [e.clientWidth, e.scrollWidth];")
+        if scroll > client + 1:
+            culprits = browser.execute_script(
+                "const w = document.scrollingElement.clientWidth;"
+                "return [...document.querySelectorAll('article *')]"
+                ".filter(e => e.getBoundingClientRect().right > w + 1)"
+                ".slice(0, 3).map(e => e.tagName + '.' + e.className);")
+            wide.append(f"{page} at {width} px: the page is {scroll} px wide in a {client} px window ({culprits})")
+    assert not wide, "\n".join(wide)
+
+
+UNRESOLVED = ("{eq}`", "{numref}`", "{cite}`", "{doc}`", "{ref}`", 'class="problematic"', "??")
+
+
+def test_no_page_shows_an_unresolved_reference(built_book):
+    """Every role was resolved (the build also runs nitpicky with warnings as errors): no raw
+    role text, no docutils 'problematic' node and no Sphinx '??' placeholder on any page."""
+    bad = []
+    for page in _pages(built_book):
+        html = (built_book / page).read_text(encoding="utf-8")
+        body = html[html.find("<article"):html.rfind("</article>")]
+        bad += [f"{page}: {token!r}" for token in UNRESOLVED if token in body]
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("width", WIDTHS)
 def test_code_cells_need_no_horizontal_scrolling(built_book, server, browser, width):
     """At common laptop widths every code cell of every chapter fits its column."""
     browser.set_window_size(width, 1000)
@@ -134,6 +175,31 @@ def test_code_cells_need_no_horizontal_scrolling(built_book, server, browser, wi
             if scroll > client + 1:
                 wide.append(f"{page}: a code cell {scroll} px wide in a {client} px column")
     assert not wide, "\n".join(wide)
+
+
+LAUNCH_LINKS = ("return [...document.querySelectorAll('.dropdown-launch-buttons a')]"
+                ".map(a => [a.querySelector('.btn__text-container').textContent.trim(), a.getAttribute('href')]);")
+
+
+def test_chapter_headers_launch_the_source_notebook(root, built_book, server, browser):
+    """The Binder and Colab buttons in a chapter's header open notebooks/NAME.ipynb of the
+    configured branch, the addresses of the chapter's provenance footer, not the executed
+    copy the page was built from; pages that are not chapters have no launch buttons."""
+    from attention_dynamics.book.provenance import launch_links, repository
+
+    repo = repository(root)
+    chapters = sorted(p.stem for p in (built_book / "chapters").glob("*.html"))
+    assert "value_law" in chapters
+    for name in chapters:
+        browser.get(urljoin(server, f"chapters/{name}.html"))
+        links = dict(browser.execute_script(LAUNCH_LINKS))
+        assert set(links) == {"Binder", "Colab"}, f"{name}: {links}"
+        assert links["Binder"].endswith(f"?labpath=notebooks%2F{name}.ipynb"), links["Binder"]
+        assert links["Colab"].endswith(f"/blob/{repo['branch']}/notebooks/{name}.ipynb"), links["Colab"]
+        assert links == launch_links(repo, name)  # the footer's addresses, written in one place
+    for page in ("index.html", "scorecard.html", "rerun.html"):
+        browser.get(urljoin(server, page))
+        assert browser.execute_script(LAUNCH_LINKS) == [], page
 
 
 def test_search_finds_a_known_term(server, browser):
