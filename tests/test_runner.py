@@ -292,8 +292,11 @@ def test_chapters_run_side_by_side_longest_first_with_one_thread_each(tmp_path, 
     assert [r.name for r in results] == ["short", "long", "last"]
     assert all(r.record["values"]["omp"] == "1" and r.record["values"]["torch_threads"] == 1 for r in results)
     assert all(r.record["provenance"]["threads"] == 1 for r in results)
-    table = timetable.timing_table(results, 3.0)
+    table = timetable.timing_table(results, 3.0, 2)
     assert "share" in table and "wall clock" in table and "long" in table
+    bounds = {line.split("  ")[0]: float(line.split()[2]) for line in table.splitlines() if line.startswith("bound:")}
+    assert bounds["bound: longest"] == round(max(r.seconds for r in results), 1) >= 1.0  # "long" waited 1 s
+    assert f"{sum(r.seconds for r in results) / 2:8.1f}  (executed now over 2 workers)" in table
 
 
 def test_the_books_chapters_run_on_a_dask_cluster(tmp_path, capsys):
