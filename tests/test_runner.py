@@ -155,8 +155,8 @@ def test_notebook_defaults_are_the_paper_profile(root):
 
 def test_notebooks_read_like_the_book(root):
     """Short cells and lines a page can show (no horizontal scrolling), and a first screen
-    that is the question and the math: the title cell first, the parameters and every set-up
-    cell before the first visible code cell collapsed."""
+    that is the question and the math: the title cell first, then the install cell (for
+    Colab), the parameters and every set-up cell before the first visible code cell collapsed."""
     hidden = {"hide-input", "hide-cell", "remove-input", "remove-cell"}
     for path in sorted((root / "notebooks").glob("*.ipynb")):
         nb = nbformat.read(path, as_version=4)
@@ -168,7 +168,8 @@ def test_notebooks_read_like_the_book(root):
             wide = [l for l in lines if len(l) > 88]
             assert not wide, f"{path.name}: code lines wider than 88 characters: {wide}"
         first_visible = next(i for i, c in enumerate(code) if not hidden & set(c.metadata.get("tags", [])))
-        assert "parameters" in code[0].metadata.get("tags", []) and first_visible >= 1, path.name
+        assert "install" in code[0].metadata.get("tags", []), path.name
+        assert "parameters" in code[1].metadata.get("tags", []) and first_visible >= 2, path.name
         assert all(hidden & set(c.metadata.get("tags", [])) for c in code[:first_visible]), path.name
 
 
