@@ -153,3 +153,42 @@ def test_the_publishing_check_passes_the_committed_records_and_fails_a_moved_cla
     out = capsys.readouterr().out
     assert "CLAIM r6_soft (two_timescale_em)" in out and "[moved 0.01 > tolerance 0.001]" in out
     assert f"two_timescale_em.{key}:" in out and out.rstrip().endswith("verdict: DIFFERENT (a claim changed, or a chapter is missing)")
+
+
+def test_a_wider_spread_in_the_new_run_earns_no_wider_allowance():
+    """The allowance for a mean over seeds comes from the committed record's spread alone:
+    a new run whose seeds scatter more, and whose mean moved beyond that allowance, fails."""
+    tight_old, wide_new = [0.004, 0.005, 0.006], [0.002, 0.012, 0.022]  # the mean moves 0.007
+    result = compare({"wt_calibration": calibration(tight_old)}, {"wt_calibration": calibration(wide_new)})
+    (c,) = [c for c in result.claims if c.key == "r8_calibration"]
+    se_old = 0.001 / 3**0.5  # the committed seeds' standard error
+    assert c.tolerance == pytest.approx(max(0.002, 2 * 2**0.5 * se_old)) == 0.002
+    assert c.delta == pytest.approx(0.007) and c.beyond_tolerance and result.failed
+
+
+def test_a_claim_whose_committed_seeds_scatter_is_reported_as_judged_loosely():
+    """The committed wind-tunnel calibration has one seed at 0.005 bits and two near 0.38: two
+    standard errors of the difference allow its mean to move by about 0.35 bits, so even every
+    seed's error doubled passes. The comparison cannot see that move, and says so."""
+    old = read_records(PAPER)
+    new = copy.deepcopy(old)
+    vals = new["wt_calibration"]["values"]
+    for k in ("mae_bits_per_seed", "kl_bits_per_seed"):
+        vals[k] = [2 * v for v in vals[k]]
+    result = compare(old, new)
+    (c,) = [c for c in result.claims if c.key == "r8_calibration"]
+    assert c.delta > 0.2 and not c.beyond_tolerance and c.loose  # the instrument's limit, stated
+    assert any(line.startswith("judged loosely") and "r8_calibration" in line for line in result.lines())
+    tight = compare({"wt_calibration": calibration([0.004, 0.005, 0.006])},
+                    {"wt_calibration": calibration([0.008, 0.010, 0.012])})
+    assert tight.failed and not any(c.loose for c in tight.claims)  # where the seeds agree, a doubling fails
+
+
+def test_a_number_that_disappears_fails_even_with_the_same_verdict():
+    old = {"wt_calibration": calibration([0.004, 0.005, 0.006])}
+    c_old = [c for c in compare(old, old).claims if c.key == "r8_calibration"][0]
+    assert not c_old.fails
+    from attention_dynamics.book.compare import ClaimChange
+
+    gone = ClaimChange("x", "ch", "0.1 (holds)", "— (holds)", None, 0.01, False, lost_number=True)
+    assert gone.fails and not gone.beyond_tolerance

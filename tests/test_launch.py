@@ -161,3 +161,33 @@ def test_colab_path_fresh_venv_installs_the_wheel_and_runs_a_chapter(root, wheel
     assert nb.cells[1].execution_count is not None and launch.INSTALL_TAG in nb.cells[1].metadata["tags"]
     assert not [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
     print(f"fresh-venv Colab path: {time.monotonic() - started:.0f} s")
+
+
+def _run_install_cell(source: str, monkeypatch, missing: set[str]) -> list[list[str]]:
+    """Execute an install cell with find_spec answering None for the modules in ``missing``
+    and pip replaced by a recorder; the pip commands it would have run."""
+    import importlib.util
+
+    calls = []
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in missing else real(name, *a))
+    monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: calls.append(cmd))
+    exec(compile(source, "<install cell>", "exec"), {})
+    return calls
+
+
+def test_the_install_cell_does_nothing_where_everything_is_importable_and_installs_what_is_missing(
+        root, tmp_path, monkeypatch):
+    ssm = launch.install_cell(root, root / "notebooks" / "ssm_routing.ipynb").source
+    plain = launch.install_cell(root, root / "notebooks" / "value_law.ipynb").source
+    assert _run_install_cell(ssm, monkeypatch, set()) == []  # the book's build, Binder, a clone
+    assert _run_install_cell(plain, monkeypatch, set()) == []
+    wheel = tmp_path / "attention_dynamics-0-py3-none-any.whl"
+    wheel.write_bytes(b"")
+    monkeypatch.setenv("ATTENTION_DYNAMICS_SOURCE", str(wheel))
+    (cmd,) = _run_install_cell(ssm, monkeypatch, {"mambapy"})  # the library without its extra
+    assert cmd[-1] == f"attention-dynamics[ssm] @ {wheel.resolve().as_uri()}"
+    monkeypatch.delenv("ATTENTION_DYNAMICS_SOURCE")
+    (cmd,) = _run_install_cell(plain, monkeypatch, {"attention_dynamics"})  # Colab
+    url, branch = launch.install_source(repository(root))
+    assert cmd[-1] == f"attention-dynamics @ git+{url}@{branch}"

@@ -19,6 +19,9 @@ __all__ = ["INSTALL_TAG", "chapter_extras", "install_source", "install_cell", "s
 INSTALL_TAG = "install"
 # extras of pyproject.toml, each with the library module whose import needs it
 EXTRA_OF_MODULE = {"ssm_reference": "ssm"}  # mambapy, the reference the SSM chapter checks against
+# what each extra installs, by the name it is imported under: the cell installs where any
+# is missing (a library installed without the extra would otherwise be left as it is)
+EXTRA_IMPORTS = {"ssm": ("mambapy",)}
 
 
 def chapter_extras(notebook: Path) -> list[str]:
@@ -37,6 +40,11 @@ def install_source(repo: dict) -> tuple[str, str]:
 
 def install_cell_source(repo: tuple[str, str], extras: list[str]) -> str:
     requirement = "attention-dynamics" + (f"[{','.join(extras)}]" if extras else "")
+    needed = ("attention_dynamics", *(m for e in extras for m in EXTRA_IMPORTS[e]))
+    if len(needed) == 1:
+        missing = f'importlib.util.find_spec("{needed[0]}") is None'
+    else:
+        missing = f"any(importlib.util.find_spec(m) is None for m in {needed!r})".replace("'", '"')
     return "\n".join([
         '# @title Install the library on Colab { display-mode: "form" }',
         "# Where attention_dynamics is missing (Colab, a bare kernel) this installs it;",
@@ -51,7 +59,7 @@ def install_cell_source(repo: tuple[str, str], extras: list[str]) -> str:
         f'REPOSITORY = "{repo[0]}"',
         f'BRANCH = "{repo[1]}"',
         f'REQUIREMENT = "{requirement}"  # with the extras this chapter needs',
-        'if importlib.util.find_spec("attention_dynamics") is None:',
+        f"if {missing}:",
         '    default = f"git+{REPOSITORY}@{BRANCH}"',
         '    source = os.environ.get("ATTENTION_DYNAMICS_SOURCE", default)',
         "    if Path(source).exists():  # a local wheel or checkout",

@@ -87,6 +87,9 @@ def run_hint_text(chapter: str, prov: dict, paper_prov: dict | None) -> str:
     if paper_prov and "seconds" in paper_prov and paper_prov.get("cache_key") != prov.get("cache_key"):
         lines.append(f"The committed paper-profile record (`results/paper/{chapter}.json`) ran in "
                      f"{_ran(paper_prov)}.")
+    lines.append("These are the notebook's own seconds: a model it found already trained in the model "
+                 "store (`~/.cache/attention_dynamics`) is not counted, so a first run, which trains "
+                 "it, can take much longer.")
     lines += ["On a small machine, run it at the `quick` profile, from a clone of the repository:", "",
               "```bash", "python3 make.py book --profile quick  # every chapter, or one:",
               f".venv/bin/attention-book --profile quick --only {chapter} --out my-runs", "```", "",
