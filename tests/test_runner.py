@@ -320,3 +320,28 @@ def test_the_books_chapters_run_on_a_dask_cluster(tmp_path, capsys):
     assert f"2 chapters on the Dask cluster at {cluster.scheduler_address}" in out
     records = {n: json.loads((tmp_path / "out" / f"{n}.json").read_text()) for n in ("tiny", "other")}
     assert records["tiny"]["values"]["double"] == 6 and records["other"]["values"]["double"] == 14
+
+
+def test_each_chapter_is_reported_as_it_finishes(tmp_path, monkeypatch):
+    """On an executor, a short chapter's line is printed when it ends, not when the longest
+    one does (waiting for the first exception would hold every line to the end)."""
+    import time
+    from concurrent.futures import ProcessPoolExecutor
+
+    from support import make_root
+
+    from attention_dynamics.book import scheduling
+
+    cells = [("code", 'wait = 0.0\nrecord_path = ""\nprofile = "paper"', ["parameters"]),
+             ("code", "import time\nfrom attention_dynamics.book.records import Record\n"
+                      "time.sleep(wait)\nRecord(record_path).save()", [])]
+    root = make_root(tmp_path, cells, name="quick_one",
+                     profiles="quick_one:\n  quick: {wait: 0.0}\n  paper: {wait: 0.0}\n"
+                              "slow_one:\n  quick: {wait: 8.0}\n  paper: {wait: 8.0}\n")
+    shutil.copy(root / "notebooks" / "quick_one.ipynb", root / "notebooks" / "slow_one.ipynb")
+    reported = {}
+    monkeypatch.setattr(scheduling, "_report", lambda i, total, r: reported.setdefault(r.name, time.perf_counter()))
+    jobs = make_jobs(root, "quick", out_dir=tmp_path / "out")
+    with ProcessPoolExecutor(max_workers=2) as pool:
+        scheduling.run_jobs(jobs, pool)
+    assert reported["slow_one"] - reported["quick_one"] > 4.0  # the slow one slept 8 s longer

@@ -12,7 +12,7 @@ import json
 import os
 import sys
 from contextlib import contextmanager
-from concurrent.futures import FIRST_EXCEPTION, Executor, wait
+from concurrent.futures import FIRST_COMPLETED, Executor, wait
 from pathlib import Path
 
 from .execution import execute
@@ -108,7 +108,9 @@ def run_jobs(jobs: list[Job], executor: Executor | None = None, *, progress: boo
     done_count = 0
     pending = set(futures)
     while pending:
-        done, pending = wait(pending, return_when=FIRST_EXCEPTION)
+        # each chapter reported as it finishes (FIRST_EXCEPTION would wait for all of them
+        # unless one failed); a failure is seen as soon as its chapter ends either way
+        done, pending = wait(pending, return_when=FIRST_COMPLETED)
         failed = [f for f in done if f.exception() is not None]
         if failed:
             for f in pending:
