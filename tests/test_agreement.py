@@ -76,3 +76,13 @@ def test_the_specialization_readings_are_the_shared_measure(dtype):
     assert shared.n == 20
     moved = sign_agreement(change, -adv, where=alpha > 0, weights=change.abs())
     assert movement_agreement(alpha, b, change) == (moved.agreeing_weight, moved.total_weight)
+
+
+def test_the_compared_mask_is_exactly_the_entries_counted():
+    change = torch.tensor([1.0, -2.0, 0.0, 3.0, -1.0])
+    predicted = torch.tensor([2.0, 1.0, 1.0, 0.0, -1.0])
+    where = torch.tensor([True, True, True, True, False])
+    a = sign_agreement(change, predicted, where=where)
+    # entry 2 has no change and entry 3 no prediction to speak of; entry 4 is outside where
+    assert a.compared.tolist() == [True, True, False, False, False]
+    assert a.n == int(a.compared.sum()) == 2 and a.rate == 0.5

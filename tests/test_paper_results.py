@@ -54,6 +54,7 @@ EXPECTED_VERDICTS: dict[str, str] = {
     # by looking, tested on the same seeds, "holds")
     "r6_faster_values": "holds partly",
     "r7_seed_exact": "holds",
+    "r7_fast_path": "holds",
     # issue 19: the script's own runs, which seed-exactness decides, shown as observations of the
     # same runs (were four more "holds" of Welch tests against the script's summary)
     "r7_sgd_final": "observation only",

@@ -10,7 +10,8 @@ import papermill as pm
 import pytest
 
 from attention_dynamics.book.jobs import make_jobs
-from attention_dynamics.book.parameters import check_declared, check_values, declarations, declared_chapters
+from attention_dynamics.book.parameters import (check_declared, check_values, declaration_problems, declarations,
+                                                 declared_chapters)
 from attention_dynamics.book.profiles import RUNNER_PARAMETERS, load_profiles
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,11 +75,8 @@ def test_the_tuned_chapters_seed_bound_leaves_room_for_the_held_out_sequences():
         assert declarations("tuned_baselines")[name]["max"] == 2**31 - 1 - HELD_OUT, name
 
 
-KEYS = {"type", "min", "max", "open", "min_len", "of", "sorted"}
-
-
 def _set_before_the_check(chapter: str) -> set[str]:
-    """The names a chapter's notebook assigns before its check_declared call (its parameters
+    """The names a chapter's notebook assigns before its start_chapter call (its parameters
     and what it derives from them, such as the wind tunnel's n_steps)."""
     import ast
 
@@ -86,33 +84,13 @@ def _set_before_the_check(chapter: str) -> set[str]:
 
     nb = nbformat.read(ROOT / "notebooks" / f"{chapter}.ipynb", as_version=4)
     source = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
-    before = source[:source.index("check_declared(")]
+    before = source[:source.index("start_chapter(")]
     before = before[:before.rfind("\n") + 1]
     return {n.id for n in ast.walk(ast.parse(before)) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
 
 
-def _declaration_problems(chapter: str, specs: dict, set_by_notebook: set[str]) -> list[str]:
-    """What is wrong with one chapter's declarations: an unknown key or value (a typo would
-    silently loosen a check), or a bound naming something neither declared before it nor set
-    by the notebook before its check (the bound would be left open everywhere)."""
-    problems, declared = [], []
-    for name, spec in specs.items():
-        where = f"{chapter}.{name}"
-        problems += [f"{where}: unknown key {k!r}" for k in set(spec) - KEYS]
-        if "open" in spec and (spec["open"] not in ("low", "high", "both") or spec["type"] not in ("float", "floats")):
-            problems.append(f"{where}: open {spec['open']!r} on a {spec['type']}")
-        if "sorted" in spec and (spec["sorted"] != "descending" or spec["type"] != "floats"):
-            problems.append(f"{where}: sorted {spec['sorted']!r} on a {spec['type']}")
-        for bound in ("min", "max"):
-            ref = spec.get(bound)
-            if isinstance(ref, str) and ref not in declared and ref not in set_by_notebook:
-                problems.append(f"{where}: {bound} names {ref!r}, neither declared before it nor set by the notebook")
-        declared.append(name)
-    return problems
-
-
 def test_every_declaration_is_well_formed_and_every_named_bound_exists():
-    problems = [p for c in declared_chapters() for p in _declaration_problems(c, declarations(c), _set_before_the_check(c))]
+    problems = [p for c in declared_chapters() for p in declaration_problems(c, declarations(c), _set_before_the_check(c))]
     assert not problems, problems
     assert "n_steps" in _set_before_the_check("wt_laws")  # the bound the notebook alone applies
 
@@ -120,5 +98,20 @@ def test_every_declaration_is_well_formed_and_every_named_bound_exists():
 def test_the_declaration_check_catches_a_typo():
     bad = {"a": {"type": "int", "max": "n_step"}, "b": {"type": "float", "opne": "low"},
            "c": {"type": "int", "open": "low"}, "d": {"type": "floats", "sorted": "ascending"}}
-    problems = _declaration_problems("x", bad, {"n_steps"})
+    problems = declaration_problems("x", bad, {"n_steps"})
     assert len(problems) == 4 and "'n_step'" in problems[0]
+    assert len(declaration_problems("x", bad)) == 3  # without the notebook's names: no bound test
+
+
+def test_a_malformed_declaration_file_is_refused_when_read(monkeypatch, tmp_path):
+    from attention_dynamics.book import parameters
+
+    bad = tmp_path / "parameters.yml"
+    bad.write_text("ch:\n  n:\n    type: int\n    opne: low\n", encoding="utf-8")
+    monkeypatch.setattr(parameters, "DECLARATIONS", bad)
+    parameters._load.cache_clear()
+    try:
+        with pytest.raises(ValueError, match="ch.n: unknown key 'opne'"):
+            parameters.declarations("ch")
+    finally:
+        parameters._load.cache_clear()

@@ -70,3 +70,17 @@ def test_the_command_line_prints_what_the_book_would_show(tmp_path, capsys):
     out = capsys.readouterr().out
     assert summary_text("value_law", HOLDS_RECORD, "quick") in out and "slope_reading: the O(η²) of R4" in out
     assert main([str(tmp_path / "missing.json")]) == 2
+
+
+def test_the_run_time_box_reads_its_times_from_the_records():
+    from attention_dynamics.book.render import run_hint_text
+
+    quick = {"seconds": 12.3, "profile": "quick", "threads": 1, "cpu": "CPU-A", "machine": "m", "cache_key": "q"}
+    paper = {"seconds": 3385.0, "profile": "paper", "threads": 1, "cpu": "CPU-B", "machine": "m", "cache_key": "p"}
+    box = run_hint_text("wt_laws", quick, paper)
+    assert "ran in 12 s at the `quick` profile on 1 thread of an CPU-A" in box
+    assert "`results/paper/wt_laws.json`) ran in 56 min at the `paper` profile" in box and "CPU-B" in box
+    assert "--profile quick --only wt_laws" in box and "not counted" in box
+    same = run_hint_text("wt_laws", paper, paper)  # the page is the committed run: said once
+    assert same.count("56 min") == 1 and "results/paper/wt_laws.json" not in same
+    assert "ran in" not in run_hint_text("wt_laws", {}, None)  # no time where no record gives one

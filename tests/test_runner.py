@@ -155,8 +155,8 @@ def test_notebook_defaults_are_the_paper_profile(root):
 
 def test_notebooks_read_like_the_book(root):
     """Short cells and lines a page can show (no horizontal scrolling), and a first screen
-    that is the question and the math: the title cell first, the parameters and every set-up
-    cell before the first visible code cell collapsed."""
+    that is the question and the math: the title cell first, then the install cell (for
+    Colab), the parameters and every set-up cell before the first visible code cell collapsed."""
     hidden = {"hide-input", "hide-cell", "remove-input", "remove-cell"}
     for path in sorted((root / "notebooks").glob("*.ipynb")):
         nb = nbformat.read(path, as_version=4)
@@ -168,7 +168,8 @@ def test_notebooks_read_like_the_book(root):
             wide = [l for l in lines if len(l) > 88]
             assert not wide, f"{path.name}: code lines wider than 88 characters: {wide}"
         first_visible = next(i for i, c in enumerate(code) if not hidden & set(c.metadata.get("tags", [])))
-        assert "parameters" in code[0].metadata.get("tags", []) and first_visible >= 1, path.name
+        assert "install" in code[0].metadata.get("tags", []), path.name
+        assert "parameters" in code[1].metadata.get("tags", []) and first_visible >= 2, path.name
         assert all(hidden & set(c.metadata.get("tags", [])) for c in code[:first_visible]), path.name
 
 
@@ -292,5 +293,55 @@ def test_chapters_run_side_by_side_longest_first_with_one_thread_each(tmp_path, 
     assert [r.name for r in results] == ["short", "long", "last"]
     assert all(r.record["values"]["omp"] == "1" and r.record["values"]["torch_threads"] == 1 for r in results)
     assert all(r.record["provenance"]["threads"] == 1 for r in results)
-    table = timetable.timing_table(results, 3.0)
+    table = timetable.timing_table(results, 3.0, 2)
     assert "share" in table and "wall clock" in table and "long" in table
+    bounds = {line.split("  ")[0]: float(line.split()[2]) for line in table.splitlines() if line.startswith("bound:")}
+    assert bounds["bound: longest"] == round(max(r.seconds for r in results), 1) >= 1.0  # "long" waited 1 s
+    assert f"{sum(r.seconds for r in results) / 2:8.1f}  (executed now over 2 workers)" in table
+
+
+def test_the_books_chapters_run_on_a_dask_cluster(tmp_path, capsys):
+    """The whole book (here two chapters) through the runner's command line on a local
+    Dask cluster, longest first, its records where a local run writes them."""
+    from distributed import LocalCluster
+
+    from attention_dynamics.book.cli import main
+
+    root = make_root(tmp_path)
+    shutil.copy(root / "notebooks" / "tiny.ipynb", root / "notebooks" / "other.ipynb")
+    (root / "notebooks" / "profiles.yml").write_text(
+        "tiny:\n  quick: {x: 3}\n  paper: {x: 5}\nother:\n  quick: {x: 7}\n  paper: {x: 9}\n")
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+        argv = ["--profile", "quick", "--scheduler", cluster.scheduler_address, "--out", str(tmp_path / "out")]
+        with pytest.MonkeyPatch.context() as mp:
+            mp.chdir(root)
+            assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert f"2 chapters on the Dask cluster at {cluster.scheduler_address}" in out
+    records = {n: json.loads((tmp_path / "out" / f"{n}.json").read_text()) for n in ("tiny", "other")}
+    assert records["tiny"]["values"]["double"] == 6 and records["other"]["values"]["double"] == 14
+
+
+def test_each_chapter_is_reported_as_it_finishes(tmp_path, monkeypatch):
+    """On an executor, a short chapter's line is printed when it ends, not when the longest
+    one does (waiting for the first exception would hold every line to the end)."""
+    import time
+    from concurrent.futures import ProcessPoolExecutor
+
+    from support import make_root
+
+    from attention_dynamics.book import scheduling
+
+    cells = [("code", 'wait = 0.0\nrecord_path = ""\nprofile = "paper"', ["parameters"]),
+             ("code", "import time\nfrom attention_dynamics.book.records import Record\n"
+                      "time.sleep(wait)\nRecord(record_path).save()", [])]
+    root = make_root(tmp_path, cells, name="quick_one",
+                     profiles="quick_one:\n  quick: {wait: 0.0}\n  paper: {wait: 0.0}\n"
+                              "slow_one:\n  quick: {wait: 8.0}\n  paper: {wait: 8.0}\n")
+    shutil.copy(root / "notebooks" / "quick_one.ipynb", root / "notebooks" / "slow_one.ipynb")
+    reported = {}
+    monkeypatch.setattr(scheduling, "_report", lambda i, total, r: reported.setdefault(r.name, time.perf_counter()))
+    jobs = make_jobs(root, "quick", out_dir=tmp_path / "out")
+    with ProcessPoolExecutor(max_workers=2) as pool:
+        scheduling.run_jobs(jobs, pool)
+    assert reported["slow_one"] - reported["quick_one"] > 4.0  # the slow one slept 8 s longer

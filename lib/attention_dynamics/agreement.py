@@ -14,7 +14,7 @@ Each caller says which weighting it uses and why:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -29,12 +29,15 @@ class Agreement:
     """``rate``: the share of the compared entries whose change has the predicted sign (NaN
     when none is compared); ``weighted``: the same share with the entries weighted (equal to
     ``rate`` without weights); ``agreeing_weight`` / ``total_weight``: its numerator and
-    denominator, to pool over steps; ``n``: the number of entries compared."""
+    denominator, to pool over steps; ``n``: the number of entries compared, and
+    ``compared`` the mask of them (bool, the shape of the change), for a caller that
+    measures something else on the same entries."""
     rate: float
     weighted: float
     agreeing_weight: float
     total_weight: float
     n: int
+    compared: Tensor | None = field(default=None, repr=False, compare=False)
 
 
 def measurable(t: Tensor, rel_tol: float) -> Tensor:
@@ -58,8 +61,9 @@ def sign_agreement(change: Tensor, predicted: Tensor, *, where: Tensor | None = 
     n = int(keep.sum())
     if n == 0:
         nan = float("nan")
-        return Agreement(nan, nan, 0.0, 0.0, 0)
+        return Agreement(nan, nan, 0.0, 0.0, 0, keep)
     agree = (torch.sign(change) == torch.sign(predicted))[keep].double()
     w = torch.ones_like(agree) if weights is None else weights[keep].double()
     agreeing, total = float((agree * w).sum()), float(w.sum())
-    return Agreement(float(agree.mean()), agreeing / total if total > 0 else float("nan"), agreeing, total, n)
+    rate = float(agree.mean())
+    return Agreement(rate, agreeing / total if total > 0 else float("nan"), agreeing, total, n, keep)

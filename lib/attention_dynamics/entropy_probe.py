@@ -286,34 +286,9 @@ def _ss_tot(Y: Tensor, pos: Tensor) -> Tensor:
     return ((Y - _group_means(Y, pos, levels)[torch.searchsorted(levels, pos)]) ** 2).sum(0)
 
 
-def probe_selectivity(features: Tensor, target: Tensor, position: Tensor, *, train, test,
-                      ridge: Sequence[float] = RIDGE_GRID, control_target: Tensor | None = None,
-                      folds: int = 5, seed: int = 0) -> dict:
-    """A selective linear probe of ``target`` beyond position (Hewitt and Liang 2019).
-
-    features: (B, P, d) float; target: (B, P) float; position: (P,) or (B, P) integer
-    labels (the supervised position of each row); ``train`` and ``test``: disjoint 1-D
-    arrays of *sequence* indices in [0, B - 1] (rows are split by sequence, never by
-    position). Steps, everything fitted on the training sequences only:
-
-    1. position regressed out of features and target: the training mean at each position
-       (least squares on the position one-hot) subtracted, on training and test rows alike;
-    2. features standardized by their training standard deviation; a feature that step 1
-       leaves constant (a function of position) is dropped;
-    3. ridge, w = argmin (1/n) ||y - X w||^2 + lambda ||w||^2, lambda chosen from the grid
-       ``ridge`` (default :data:`RIDGE_GRID`) by ``folds``-fold cross-validation over the
-       training sequences (folds drawn by a generator seeded ``seed``; steps 1-2 refitted in
-       each fold; the largest pooled R^2 wins), then refitted on all training sequences;
-    4. R^2 on the test rows: 1 - SS_res / SS_tot, SS_tot about the test target's own mean
-       at each position (the variance beyond position), SS_res of the training positional
-       mean plus the probe's output.
-
-    The same probe, with its own lambda, runs on ``control_target`` (B, P): by default
-    :func:`permuted_control` of ``target`` (seed ``seed``); for the wind tunnel
-    :func:`value_match_entropy` is the sharper one. Returns 'r2', 'r2_control',
-    'selectivity' = r2 - r2_control, 'ridge' and 'ridge_control' (the lambdas chosen),
-    'cv_r2' and 'cv_r2_control' (their cross-validated R^2), 'n_train' and 'n_test'
-    (sequences), 'n_features' (kept after step 2)."""
+def _probe_arguments(features, target, position, train, test, ridge, control_target, folds, seed):
+    """:func:`probe_selectivity`'s arguments checked, with messages that name them; the
+    position labels, the sequence splits, the sorted ridge grid and the control target."""
     check_tensor("features", features, ndim=3, nonempty=True)
     check_tensor("target", target, ndim=2, nonempty=True)
     B, P, d = features.shape
@@ -343,12 +318,64 @@ def probe_selectivity(features: Tensor, target: Tensor, position: Tensor, *, tra
         if tuple(control_target.shape) != (B, P):
             raise ValueError(f"control_target must have the shape of target, ({B}, {P}), "
                              f"got {tuple(control_target.shape)}")
-    levels = torch.unique(position[tr])
-    missing = sorted(set(torch.unique(position[te]).tolist()) - set(levels.tolist()))
+    missing = sorted(set(torch.unique(position[te]).tolist()) - set(torch.unique(position[tr]).tolist()))
     if missing:
         raise ValueError(f"test holds position labels {missing[:5]} that no training sequence has; the position "
                          "regression fitted on train cannot remove them")
 
+    return position, tr, te, grid, folds, seed, control_target
+
+
+def _cross_validation(rows, tr: Tensor, folds: int, grid: Tensor, seed: int) -> tuple[Tensor, Tensor]:
+    """Pooled residual (G, 2) and total (2,) sums of squares of the ridge fits over
+    ``folds`` folds of the training sequences (a generator seeded ``seed`` draws them;
+    the position regression and standardization are refitted in each fold)."""
+    gen = torch.Generator().manual_seed(seed)
+    order = tr[torch.randperm(len(tr), generator=gen)]
+    cv_res = torch.zeros(len(grid), 2, dtype=torch.float64)
+    cv_tot = torch.zeros(2, dtype=torch.float64)
+    for part in torch.tensor_split(order, folds):
+        fit_seqs = order[~torch.isin(order, part)]
+        Xa, Ya, pa = rows(fit_seqs)
+        Xb, Yb, pb = rows(part)
+        f = _Fit(Xa, Ya, pa, torch.unique(pa))
+        pred = _ridge_predict(f.features(Xa, pa), f.targets(Ya, pa), f.features(Xb, pb), grid)  # (G, m, 2)
+        cv_res += ((f.targets(Yb, pb)[None] - pred) ** 2).sum(1)
+        cv_tot += _ss_tot(Yb, pb)
+    return cv_res, cv_tot
+
+
+def probe_selectivity(features: Tensor, target: Tensor, position: Tensor, *, train, test,
+                      ridge: Sequence[float] = RIDGE_GRID, control_target: Tensor | None = None,
+                      folds: int = 5, seed: int = 0) -> dict:
+    """A selective linear probe of ``target`` beyond position (Hewitt and Liang 2019).
+
+    features: (B, P, d) float; target: (B, P) float; position: (P,) or (B, P) integer
+    labels (the supervised position of each row); ``train`` and ``test``: disjoint 1-D
+    arrays of *sequence* indices in [0, B - 1] (rows are split by sequence, never by
+    position). Steps, everything fitted on the training sequences only:
+
+    1. position regressed out of features and target: the training mean at each position
+       (least squares on the position one-hot) subtracted, on training and test rows alike;
+    2. features standardized by their training standard deviation; a feature that step 1
+       leaves constant (a function of position) is dropped;
+    3. ridge, w = argmin (1/n) ||y - X w||^2 + lambda ||w||^2, lambda chosen from the grid
+       ``ridge`` (default :data:`RIDGE_GRID`) by ``folds``-fold cross-validation over the
+       training sequences (folds drawn by a generator seeded ``seed``; steps 1-2 refitted in
+       each fold; the largest pooled R^2 wins), then refitted on all training sequences;
+    4. R^2 on the test rows: 1 - SS_res / SS_tot, SS_tot about the test target's own mean
+       at each position (the variance beyond position), SS_res of the training positional
+       mean plus the probe's output.
+
+    The same probe, with its own lambda, runs on ``control_target`` (B, P): by default
+    :func:`permuted_control` of ``target`` (seed ``seed``); for the wind tunnel
+    :func:`value_match_entropy` is the sharper one. Returns 'r2', 'r2_control',
+    'selectivity' = r2 - r2_control, 'ridge' and 'ridge_control' (the lambdas chosen),
+    'cv_r2' and 'cv_r2_control' (their cross-validated R^2), 'n_train' and 'n_test'
+    (sequences), 'n_features' (kept after step 2)."""
+    position, tr, te, grid, folds, seed, control_target = _probe_arguments(
+        features, target, position, train, test, ridge, control_target, folds, seed)
+    d = features.shape[2]
     X = features.detach().double().cpu()
     Y = torch.stack([target.detach().double().cpu(), control_target.detach().double().cpu()], -1)  # (B, P, 2)
 
@@ -365,23 +392,11 @@ def probe_selectivity(features: Tensor, target: Tensor, position: Tensor, *, tra
                 raise ValueError(f"{names[k]} is a function of position on the {where} sequences: nothing is left "
                                  "beyond position to probe (in the wind tunnel, use the repeats variant)")
 
-    # cross-validation over training sequences
-    gen = torch.Generator().manual_seed(seed)
-    order = tr[torch.randperm(len(tr), generator=gen)]
-    cv_res = torch.zeros(len(grid), 2, dtype=torch.float64)
-    cv_tot = torch.zeros(2, dtype=torch.float64)
-    for part in torch.tensor_split(order, folds):
-        fit_seqs = order[~torch.isin(order, part)]
-        Xa, Ya, pa = rows(fit_seqs)
-        Xb, Yb, pb = rows(part)
-        f = _Fit(Xa, Ya, pa, torch.unique(pa))
-        pred = _ridge_predict(f.features(Xa, pa), f.targets(Ya, pa), f.features(Xb, pb), grid)  # (G, m, 2)
-        cv_res += ((f.targets(Yb, pb)[None] - pred) ** 2).sum(1)
-        cv_tot += _ss_tot(Yb, pb)
+    cv_res, cv_tot = _cross_validation(rows, tr, folds, grid, seed)
     cv_r2 = 1.0 - cv_res / cv_tot.clamp(min=1e-300)  # (G, 2)
     best = [int(torch.nonzero(cv_r2[:, k] == cv_r2[:, k].max())[-1]) for k in range(2)]  # ties: more penalty
 
-    f = _Fit(Xtr, Ytr, ptr, levels)
+    f = _Fit(Xtr, Ytr, ptr, torch.unique(position[tr]))
     pred = _ridge_predict(f.features(Xtr, ptr), f.targets(Ytr, ptr), f.features(Xte, pte), grid)
     ss_res = torch.stack([((f.targets(Yte, pte)[:, k] - pred[best[k], :, k]) ** 2).sum() for k in range(2)])
     r2 = 1.0 - ss_res / _ss_tot(Yte, pte)

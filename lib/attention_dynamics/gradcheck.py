@@ -81,18 +81,24 @@ def _downstream(cfg, g_out, W_O, y, R, query_mask):
     return loss, m * (R * (1 - t**2) + g_out), None
 
 
+def _max_abs(t: torch.Tensor) -> float:
+    return float(t.abs().max()) if t.numel() else 0.0
+
+
+def _relative(abs_err: float, scale: float) -> float:
+    return abs_err / scale if scale > 0 else abs_err  # two zero tensors agree exactly
+
+
 def relative_error(a: torch.Tensor, b: torch.Tensor, *, scale: float | None = None) -> float:
     """max |a - b| over ``scale``, by default the larger of max |a| and max |b| (the error
-    itself where the scale is 0: two zero tensors agree exactly)."""
-    abs_err = float((a - b).abs().max()) if a.numel() else 0.0
-    if scale is None:
-        scale = max((float(t.abs().max()) for t in (a, b) if t.numel()), default=0.0)
-    return abs_err / scale if scale > 0 else abs_err
+    itself where the scale is 0)."""
+    return _relative(_max_abs(a - b), max(_max_abs(a), _max_abs(b)) if scale is None else scale)
 
 
 def _err(closed: torch.Tensor, auto: torch.Tensor) -> tuple[float, float]:
-    abs_err = float((closed - auto).abs().max()) if closed.numel() else 0.0
-    return abs_err, relative_error(closed, auto)
+    """(max |error|, normwise relative error), the difference reduced once."""
+    abs_err = _max_abs(closed - auto)
+    return abs_err, _relative(abs_err, max(_max_abs(closed), _max_abs(auto)))
 
 
 def compare_with_autograd(cfg: GradConfig, seed: int) -> dict[str, tuple[float, float]]:

@@ -20,12 +20,14 @@ import copy
 import math
 from typing import Callable, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from .agreement import sign_agreement
 from .laws import compatibility, routing_gradient, value_gradient
 from .specialization import advantage_sign_agreement
+from .stats import line_fit
 from .tasks.bijection import WindTunnel
 from .transformer import CausalTransformer, parameter_groups
 from .validation import check_float, check_float_list, check_tensor
@@ -228,13 +230,10 @@ def loglog_slope(lrs: Sequence[float], errors: Sequence[float]) -> float:
     """Least-squares slope of log(error) against log(eta): 1 for a first-order prediction
     (remainder O(eta^2) against an O(eta) change), 0 for an error that does not shrink.
     NaN when an error is not positive and finite."""
-    e = torch.tensor([float(v) for v in errors], dtype=torch.float64)
-    if len(e) < 2 or not bool((torch.isfinite(e) & (e > 0)).all()):
+    e = np.asarray([float(v) for v in errors])
+    if len(e) < 2 or not bool((np.isfinite(e) & (e > 0)).all()):
         return float("nan")
-    x = torch.log(torch.tensor([float(v) for v in lrs], dtype=torch.float64))
-    y = torch.log(e)
-    xc = x - x.mean()
-    return float((xc * (y - y.mean())).sum() / (xc * xc).sum())
+    return line_fit(np.log([float(v) for v in lrs]), np.log(e))[0]
 
 
 def kernel_cosine(a: Tensor, g: Tensor, rows: Tensor | None = None) -> Tensor:
@@ -373,6 +372,59 @@ def _wv_rounding_bound(value_map: torch.nn.Linear, xa: Tensor, g_v_flat: Tensor,
                         for eta in lrs], 1)
 
 
+def _errors(steps: list, predicted: Tensor, lrs, visible: Tensor | None = None) -> Tensor:
+    """(H, n_eta): the first-order error of each realized step against -eta times the
+    predicted change."""
+    return torch.stack([first_order_error(steps[e], -eta * predicted, visible=visible)
+                        for e, eta in enumerate(lrs)], 1)
+
+
+def _wv_steps(xs: list, g_v: list, H: int):
+    """The W_V step per layer: v = X W^T + b with X the value map's input, so Delta v =
+    -eta Xa Xa^T G exactly (Xa: X with a column of ones). Returns Xa, G flattened (heads
+    side by side) and Xa Xa^T G split by head."""
+    B, T, D = xs[0].shape
+    xa = [torch.cat([x.detach(), torch.ones(*x.shape[:-1], 1, dtype=x.dtype)], -1).reshape(-1, D + 1) for x in xs]
+    g_v_flat = [g.transpose(1, 2).reshape(B * T, D) for g in g_v]  # (B T, H d_h)
+    k_wv = [_split((xa[l] @ (xa[l].T @ g_v_flat[l])).view(B, T, D), H) for l in range(len(xs))]
+    return xa, g_v_flat, k_wv
+
+
+def _kernel_steps(twin: CausalTransformer, scores: list, values: list, grad_theta: dict, qk_names: list):
+    """The kernel-projected laws, exactly (J t by double backward from the one forward
+    pass): every layer's scores and values under a step of every parameter, and each
+    layer's scores under a step of its own W_Q and W_K."""
+    named = dict(twin.named_parameters())
+    n_layers = len(twin.blocks)
+    k_all = jacobian_vector_product(scores + values, list(named.values()), [grad_theta[n] for n in named])
+    k_layer = [jacobian_vector_product([scores[l]], [named[n] for n in qk_names[l]],
+                                       [grad_theta[n] for n in qk_names[l]])[0] for l in range(n_layers)]
+    return k_all[:n_layers], k_all[n_layers:], k_layer
+
+
+def _realized_steps(twin: CausalTransformer, tokens: Tensor, grad_theta: dict, qk_names: list, lrs):
+    """The realized changes of the scores and values after a step of each rate in ``lrs``:
+    of every parameter together (all layers' scores, then values), of each layer's W_Q and
+    W_K alone (its scores), and of each layer's W_V alone (its values)."""
+    named = dict(twin.named_parameters())
+    n_layers = len(twin.blocks)
+
+    def forward_outputs():
+        _, trs = twin(tokens, inspect=True)
+        return [tr.attention.scores for tr in trs] + [tr.v for tr in trs]
+
+    all_steps = realized_changes(forward_outputs, list(named.values()), [grad_theta[n] for n in named], lrs)
+    layer_steps, wv_steps = [], []
+    for l in range(n_layers):
+        ps = [named[n] for n in qk_names[l]]
+        layer_steps.append([c[0] for c in realized_changes(lambda l=l: forward_outputs()[l:l + 1], ps,
+                                                           [grad_theta[n] for n in qk_names[l]], lrs)])
+        vn = [f"blocks.{l}.v.weight", f"blocks.{l}.v.bias"]
+        wv_steps.append([c[0] for c in realized_changes(lambda l=l: forward_outputs()[n_layers + l:n_layers + l + 1],
+                                                        [named[n] for n in vn], [grad_theta[n] for n in vn], lrs)])
+    return all_steps, layer_steps, wv_steps
+
+
 def kernel_law_probe(model: CausalTransformer, task: WindTunnel, tokens: Tensor, targets: Tensor, *,
                      lrs: Sequence[float] = (1e-3, 1e-2, 1e-1)) -> list[dict]:
     """R1 and R2 inside the model, and what a plain gradient step does to the scores and the
@@ -446,7 +498,6 @@ def kernel_law_probe(model: CausalTransformer, task: WindTunnel, tokens: Tensor,
     names = list(named)
     params = [named[n] for n in names]
     n_layers, H = len(twin.blocks), twin.cfg.n_heads
-    B, T, D = tokens.shape[0], task.length, twin.cfg.d_model
 
     loss, traces, xs = _probe_forward(twin, task, tokens, targets)
     scores = [tr.attention.scores for tr in traces]
@@ -462,44 +513,19 @@ def kernel_law_probe(model: CausalTransformer, task: WindTunnel, tokens: Tensor,
     v0 = [v.detach() for v in values]
     visible = [torch.isfinite(s) for s in s0]
 
-    # the kernel-projected laws, exactly (J t by double backward from the one forward pass)
-    k_all = jacobian_vector_product(scores + values, params, [grad_theta[n] for n in names])
-    k_all_s, k_all_v = k_all[:n_layers], k_all[n_layers:]
     qk_names = [[f"blocks.{l}.{m}.{w}" for m in ("q", "k") for w in ("weight", "bias")] for l in range(n_layers)]
-    k_layer = [jacobian_vector_product([scores[l]], [named[n] for n in qk_names[l]],
-                                       [grad_theta[n] for n in qk_names[l]])[0] for l in range(n_layers)]
-    # the W_V step: v = X W^T + b with X the value map's input, so Delta v = -eta Xa Xa^T G exactly
-    xa = [torch.cat([x.detach(), torch.ones(*x.shape[:-1], 1, dtype=x.dtype)], -1).reshape(-1, D + 1) for x in xs]
-    g_v_flat = [g.transpose(1, 2).reshape(B * T, D) for g in g_v]  # (B T, H d_h), heads side by side
-    k_wv = [_split((xa[l] @ (xa[l].T @ g_v_flat[l])).view(B, T, D), H) for l in range(n_layers)]
-
-    def forward_outputs():
-        _, trs = twin(tokens, inspect=True)
-        return [tr.attention.scores for tr in trs] + [tr.v for tr in trs]
-
-    # realized steps
-    all_steps = realized_changes(forward_outputs, params, [grad_theta[n] for n in names], lrs)
-    layer_steps, wv_steps = [], []
-    for l in range(n_layers):
-        ps = [named[n] for n in qk_names[l]]
-        layer_steps.append([c[0] for c in realized_changes(lambda l=l: forward_outputs()[l:l + 1], ps,
-                                                           [grad_theta[n] for n in qk_names[l]], lrs)])
-        vn = [f"blocks.{l}.v.weight", f"blocks.{l}.v.bias"]
-        wv_steps.append([c[0] for c in realized_changes(lambda l=l: forward_outputs()[n_layers + l:n_layers + l + 1],
-                                                        [named[n] for n in vn], [grad_theta[n] for n in vn], lrs)])
-
+    k_all_s, k_all_v, k_layer = _kernel_steps(twin, scores, values, grad_theta, qk_names)
+    xa, g_v_flat, k_wv = _wv_steps(xs, g_v, H)
+    all_steps, layer_steps, wv_steps = _realized_steps(twin, tokens, grad_theta, qk_names, lrs)
     out = []
     for l in range(n_layers):
         a, g, G, uu, v = alpha[l], g_s[l], g_v[l], u[l], v0[l]
         r1_err, r1_bound, r2_err, r2_bound = _insitu_errors(a, g, G, uu, v)
 
-        e_layer = torch.stack([first_order_error(layer_steps[l][e], -eta * k_layer[l], visible=visible[l])
-                               for e, eta in enumerate(lrs)], 1)  # (H, n_eta)
-        e_all = torch.stack([first_order_error(all_steps[e][l], -eta * k_all_s[l], visible=visible[l])
-                             for e, eta in enumerate(lrs)], 1)
-        e_wv = torch.stack([first_order_error(wv_steps[l][e], -eta * k_wv[l]) for e, eta in enumerate(lrs)], 1)
-        e_v_all = torch.stack([first_order_error(all_steps[e][n_layers + l], -eta * k_all_v[l])
-                               for e, eta in enumerate(lrs)], 1)
+        e_layer = _errors(layer_steps[l], k_layer[l], lrs, visible[l])  # (H, n_eta)
+        e_all = _errors([c[l] for c in all_steps], k_all_s[l], lrs, visible[l])
+        e_wv = _errors(wv_steps[l], k_wv[l], lrs)
+        e_v_all = _errors([c[n_layers + l] for c in all_steps], k_all_v[l], lrs)
         wv_bound = _wv_rounding_bound(twin.blocks[l].v, xa[l], g_v_flat[l], k_wv[l], lrs, H)
 
         rows = supervised_rows(g)

@@ -13,7 +13,7 @@ import copy
 import torch
 from torch import Tensor, nn
 
-from .agreement import measurable, sign_agreement
+from .agreement import sign_agreement
 from .laws import advantage, compatibility
 from .tasks.primitives import Batch
 from .ssm import SSMModel
@@ -111,9 +111,9 @@ def routing_probe(model: nn.Module, batch: Batch, lrs, *, move: str = "routing",
             for law, pred, where in (("advantage", adv, visible & rows[..., None]), ("b", b, visible)):
                 # weighted by the movement: an entry that barely moved says little
                 a = sign_agreement(change, -pred, where=where, weights=change.abs(), rel_tol=rel_tol)
-                keep = where & measurable(change, rel_tol) & measurable(pred, rel_tol)
                 row[f"follows_{law}"], row[f"weighted_{law}"] = a.rate, a.weighted
-                row[f"cosine_{law}"] = float(torch.nn.functional.cosine_similarity(change[keep], -pred[keep], dim=0))
+                row[f"cosine_{law}"] = float(torch.nn.functional.cosine_similarity(
+                    change[a.compared], -pred[a.compared], dim=0))
                 row[f"n_{law}"] = a.n
             out.append(row)
     return out

@@ -17,13 +17,7 @@ def loglog_slope(x, y) -> tuple[float, float, float]:
         raise ValueError(f"x and y must be 1-D of the same length >= 3, got {x.shape} and {y.shape}")
     if np.any(x <= 0) or np.any(y == 0) or not np.all(np.isfinite(y)):
         raise ValueError("x must be positive and y non-zero and finite for a log-log fit")
-    lx, ly = np.log(x), np.log(y)
-    A = np.stack([lx, np.ones_like(lx)], 1)
-    coef, res, *_ = np.linalg.lstsq(A, ly, rcond=None)
-    resid = ly - A @ coef
-    dof = max(x.size - 2, 1)
-    se = float(np.sqrt(resid @ resid / dof / np.sum((lx - lx.mean()) ** 2)))
-    return float(coef[0]), float(coef[1]), se
+    return line_fit(np.log(x), np.log(y))
 
 
 def mean_std(values, axis=0) -> tuple[np.ndarray, np.ndarray]:

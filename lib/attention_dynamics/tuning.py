@@ -139,6 +139,29 @@ class Trial:
         return area / (steps[-1] - steps[0])
 
 
+def _train_together(sub: list[int], method: str, rates, *, n_steps: int, seq_len: int, block: int,
+                    eval_every: int, dense_until: int, max_loss: float):
+    """Train the heads of the seeds ``sub`` together (:func:`run_trial`'s schedule of
+    held-out evaluations); their history, or :class:`TrainingDiverged` naming the run."""
+    train_seq = sample_sequences(sub, n_states_seq=seq_len)
+    test_seq = sample_sequences([s + HELD_OUT for s in sub], n_states_seq=seq_len)
+    held_out_fn = causal_head_loss_fn(test_seq.x, test_seq.y, block=block)
+
+    def held_out(step, p, out):
+        if step > dense_until and step % eval_every and step != n_steps:
+            return None
+        with torch.no_grad():
+            loss = held_out_fn(p).loss.clone()
+        bad = ~torch.isfinite(loss)
+        if bool(bad.any()):
+            raise TrainingDiverged(step, "the held-out loss is not finite", int(bad.nonzero()[0]))
+        return loss
+
+    rule = Adam(rates) if METHODS[method][0] == "adam" else SGD(rates)
+    return train(init_heads(sub), causal_head_loss_fn(train_seq.x, train_seq.y, block=block), rule, n_steps,
+                 callback=held_out, every=1, max_loss=max_loss)
+
+
 def run_trial(method: str, lr: float, seeds, *, ratio: float, n_steps: int, seq_len: int, block: int = 64,
               eval_every: int = 10, dense_until: int = 200, max_loss: float = 20.0) -> Trial:
     """Train the protocol's head (:func:`causal_head.init_heads`, std 0.1, the seeds' own
@@ -160,25 +183,8 @@ def run_trial(method: str, lr: float, seeds, *, ratio: float, n_steps: int, seq_
     rates = head_rates(method_rates(method, lr, ratio))
 
     def batch(idx):
-        """Train the seeds at positions ``idx`` together; their history."""
-        sub = [seeds[i] for i in idx]
-        train_seq = sample_sequences(sub, n_states_seq=seq_len)
-        test_seq = sample_sequences([s + HELD_OUT for s in sub], n_states_seq=seq_len)
-        held_out_fn = causal_head_loss_fn(test_seq.x, test_seq.y, block=block)
-
-        def held_out(step, p, out):
-            if step > dense_until and step % eval_every and step != n_steps:
-                return None
-            with torch.no_grad():
-                loss = held_out_fn(p).loss.clone()
-            bad = ~torch.isfinite(loss)
-            if bool(bad.any()):
-                raise TrainingDiverged(step, "the held-out loss is not finite", int(bad.nonzero()[0]))
-            return loss
-
-        rule = Adam(rates) if METHODS[method][0] == "adam" else SGD(rates)
-        return train(init_heads(sub), causal_head_loss_fn(train_seq.x, train_seq.y, block=block), rule, n_steps,
-                     callback=held_out, every=1, max_loss=max_loss)
+        return _train_together([seeds[i] for i in idx], method, rates, n_steps=n_steps, seq_len=seq_len,
+                               block=block, eval_every=eval_every, dense_until=dense_until, max_loss=max_loss)
 
     start, alive, gone = time.perf_counter(), list(range(len(seeds))), {}
     while alive:

@@ -14,6 +14,9 @@ The runner, one job a module:
 
 And around it:
 
+- ``chapter``: the call every chapter starts with (parameters checked, figure style, record)
+- ``launch``: every notebook's first code cell, which installs the library on Colab from the
+  repository setting of ``book/_config.yml``
 - ``profiles``: ``notebooks/profiles.yml`` and the YAML in which parameter values travel
 - ``parameters``: each chapter's parameters with their ranges (``parameters.yml``), checked
   by the notebook and by the runner
@@ -22,7 +25,7 @@ And around it:
 - ``scorecard``: the page listing every claim of the paper with its computed verdict
 - ``compare``: two sets of records side by side (another machine, the kernels off, a new
   commit): what moved, by how much, and which claims changed
-- ``render``: the Sphinx extension that renders each page's summary box and verdict
-  sentences from its record when the book is built
+- ``render``: the Sphinx extension that renders each page's summary box, its run-time box
+  and its verdict sentences from its record when the book is built
 - ``build``: the HTML book (Jupyter Book 1.x) and its check for pages that show errors
 """

@@ -28,7 +28,7 @@ from .jobs import NotebookFailed, make_grid_jobs, make_jobs
 from .profiles import PROFILES, find_root, format_value, parse_value
 from .provenance import CLI
 from .publishing import publish_paper_records
-from .scheduling import run_chapters, run_grid
+from .scheduling import run_chapters, run_grid, usable_cpus
 from .timetable import timing_table
 
 __all__ = ["main"]
@@ -62,7 +62,8 @@ def _parser() -> argparse.ArgumentParser:
                     help="run the chapter named by --only at every point of a parameter grid (YAML lists)")
     ap.add_argument("--workers", type=int, help="chapters (or grid points) run side by side on a local process "
                     "pool of this size (at least 1; default: one per usable CPU)")
-    ap.add_argument("--scheduler", metavar="ADDRESS", help="run the grid on a Dask cluster (e.g. tcp://host:8786)")
+    ap.add_argument("--scheduler", metavar="ADDRESS", help="run the chapters (or the grid) on a Dask cluster "
+                    "(e.g. tcp://host:8786); its workers share the repository's path and the model store")
     return ap
 
 
@@ -70,12 +71,10 @@ def _check_flags(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """The combinations of flags that cannot work, refused before anything runs."""
     if args.book and (args.only or args.set or args.out or args.grid):
         ap.error("--book builds every chapter into book/chapters; it does not combine with --only, --set, --grid or --out")
-    if args.scheduler and not args.grid:
-        ap.error("--scheduler runs a --grid")
     if args.workers is not None and args.workers < 1:
         ap.error(f"--workers must be at least 1, got {args.workers}")
     if args.workers is not None and args.scheduler:
-        ap.error("--workers and --scheduler are two ways to run a grid; give one")
+        ap.error("--workers and --scheduler are two ways to run chapters side by side; give one")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             jobs = make_jobs(root, args.profile, only=args.only, overrides=overrides, out_dir=args.out, force=args.force)
             start = time.perf_counter()
-            results = run_chapters(jobs, args.workers)
+            results = run_chapters(jobs, args.workers, scheduler=args.scheduler)
             wall = time.perf_counter() - start
     except (NotebookFailed, ValueError, TypeError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -106,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted: the outputs of finished chapters are kept, nothing half-written is left", file=sys.stderr)
         return 130
-    print(timing_table(results, None if args.grid else wall))
+    workers = None if args.scheduler else min(args.workers or usable_cpus(), max(len(results), 1))
+    print(timing_table(results, None if args.grid else wall, workers))
     if args.profile == "paper" and not (args.set or args.grid or args.out):
         for line in publish_paper_records(root, results):
             print(line)

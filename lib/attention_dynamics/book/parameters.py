@@ -26,22 +26,49 @@ import yaml
 
 from ..validation import check_choice, check_float, check_float_list, check_int, check_int_list
 
-__all__ = ["declarations", "declared_chapters", "check_declared", "check_values"]
+__all__ = ["declarations", "declared_chapters", "declaration_problems", "check_declared", "check_values"]
 
 DECLARATIONS = Path(__file__).with_name("parameters.yml")
 TYPES = ("int", "float", "ints", "floats", "choice", "settings")
 
 
+KEYS = ("type", "min", "max", "open", "min_len", "of", "sorted")
+
+
+def declaration_problems(chapter: str, specs: dict, set_by_notebook: set[str] | None = None) -> list[str]:
+    """What is wrong with one chapter's declarations: an unknown type, key or value (a typo
+    would silently loosen a check), and a bound naming something neither declared before it
+    nor in ``set_by_notebook`` (that bound would be left open everywhere). Only the notebook
+    knows what it sets before its check, so :func:`_load` passes None, which skips that last
+    test; tests/test_parameters.py runs it with each notebook's names."""
+    problems, declared = [], []
+    for name, spec in specs.items():
+        where = f"{chapter}.{name}"
+        kind = spec.get("type")
+        if kind not in TYPES:
+            problems.append(f"{where} has type {kind!r}, not one of {list(TYPES)}")
+        problems += [f"{where}: unknown key {k!r}" for k in sorted(set(spec) - set(KEYS))]
+        if "open" in spec and (spec["open"] not in ("low", "high", "both") or kind not in ("float", "floats")):
+            problems.append(f"{where}: open {spec['open']!r} on a {kind}")
+        if kind == "floats" and spec.get("open") in ("high", "both"):
+            problems.append(f"{where}: a list's upper bound is closed")
+        if "sorted" in spec and (spec["sorted"] != "descending" or kind != "floats"):
+            problems.append(f"{where}: sorted {spec['sorted']!r} on a {kind}")
+        for bound in ("min", "max"):
+            ref = spec.get(bound)
+            named = isinstance(ref, str) and set_by_notebook is not None
+            if named and ref not in declared and ref not in set_by_notebook:
+                problems.append(f"{where}: {bound} names {ref!r}, neither declared before it nor set by the notebook")
+        declared.append(name)
+    return problems
+
+
 @lru_cache(maxsize=None)
 def _load() -> dict:
     data = yaml.safe_load(DECLARATIONS.read_text(encoding="utf-8"))
-    for chapter, params in data.items():
-        for name, spec in params.items():
-            if spec.get("type") not in TYPES:
-                raise ValueError(f"{DECLARATIONS.name}: {chapter}.{name} has type {spec.get('type')!r}, "
-                                 f"not one of {list(TYPES)}")
-            if spec["type"] == "floats" and spec.get("open") in ("high", "both"):
-                raise ValueError(f"{DECLARATIONS.name}: {chapter}.{name}: a list's upper bound is closed")
+    problems = [p for chapter, specs in data.items() for p in declaration_problems(chapter, specs)]
+    if problems:
+        raise ValueError(f"{DECLARATIONS.name}: " + "; ".join(problems))
     return data
 
 

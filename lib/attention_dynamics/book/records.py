@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Record", "to_jsonable", "write_json_atomic", "write_text_atomic", "read_record"]
+__all__ = ["Record", "to_jsonable", "write_json_atomic", "write_text_atomic"]
 
 
 def to_jsonable(value: Any) -> Any:
@@ -64,11 +64,6 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
 
 def write_json_atomic(path: str | os.PathLike, data: Any) -> None:
     write_text_atomic(path, json.dumps(data, indent=1, sort_keys=True, allow_nan=False) + "\n")
-
-
-def read_record(path: str | os.PathLike) -> dict:
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
 
 
 class Record:

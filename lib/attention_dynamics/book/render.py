@@ -3,7 +3,10 @@ with a directive and a role that read a chapter's record (``chapters/NAME.json``
 executed notebook) and judge it by today's rules.
 
 - ```` ```{claims-summary} ```` : the chapter's summary box (:func:`summary_text`);
-- ``{reading}`NAME``` : the sentence NAME of the chapter (:mod:`attention_dynamics.readings`).
+- ``{reading}`NAME``` : the sentence NAME of the chapter (:mod:`attention_dynamics.readings`);
+- ```` ```{run-hint} ```` : how long the chapter ran (this build's record and, where the
+  repository is beside the book, the committed paper record ``results/paper/NAME.json``)
+  and how to run it at the quick profile (:func:`run_hint_text`).
 
 A chapter records numbers and imports neither the claims nor the sentences, so its cache
 key does not cover them: editing a rule or a sentence re-renders every page (each page
@@ -18,7 +21,7 @@ import json
 import sys
 from pathlib import Path
 
-__all__ = ["chapter_record", "cell", "summary_text", "reading_text", "setup", "main"]
+__all__ = ["chapter_record", "cell", "summary_text", "reading_text", "run_hint_text", "setup", "main"]
 
 
 def chapter_record(path: Path) -> tuple[dict, str]:
@@ -60,6 +63,38 @@ def summary_text(chapter: str, values: dict, profile: str) -> str:
     lines += ["", "*Identity*: exact by construction, a check of the code and the algebra, not evidence for "
               "the paper. *Paper*: the paper's claim, tested empirically. *Beyond*: the book's own "
               "extension. The rule behind each verdict is on the page {doc}`../scorecard`.", ":::"]
+    return "\n".join(lines) + "\n"
+
+
+def _duration(seconds: float) -> str:
+    minutes = seconds / 60
+    return f"{seconds:.0f} s" if seconds < 120 else f"{minutes:.0f} min" if minutes < 120 else f"{minutes / 60:.1f} h"
+
+
+def _ran(prov: dict) -> str:
+    threads = prov.get("threads", "?")
+    return (f"{_duration(float(prov['seconds']))} at the `{prov.get('profile', '?')}` profile on {threads} "
+            f"thread{'' if threads == 1 else 's'} of an {prov.get('cpu', 'unnamed processor')} ({prov.get('machine', '?')})")
+
+
+def run_hint_text(chapter: str, prov: dict, paper_prov: dict | None) -> str:
+    """The box that tells a reader what running the chapter costs: this build's time, the
+    committed paper record's time (when it is another build) and the quick-profile command.
+    Every time is read from a record's provenance."""
+    lines = [":::{admonition} Running this chapter yourself", ":class: tip", ""]
+    if "seconds" in prov:
+        lines.append(f"This page ran in {_ran(prov)}.")
+    if paper_prov and "seconds" in paper_prov and paper_prov.get("cache_key") != prov.get("cache_key"):
+        lines.append(f"The committed paper-profile record (`results/paper/{chapter}.json`) ran in "
+                     f"{_ran(paper_prov)}.")
+    lines.append("These are the notebook's own seconds: a model it found already trained in the model "
+                 "store (`~/.cache/attention_dynamics`) is not counted, so a first run, which trains "
+                 "it, can take much longer.")
+    lines += ["On a small machine, run it at the `quick` profile, from a clone of the repository:", "",
+              "```bash", "python3 make.py book --profile quick  # every chapter, or one:",
+              f".venv/bin/attention-book --profile quick --only {chapter} --out my-runs", "```", "",
+              "or, in Jupyter, Colab or Binder, set the parameters of the first cells to the `quick:` "
+              f"values for `{chapter}` in `notebooks/profiles.yml`; {{doc}}`../rerun` has the details.", ":::"]
     return "\n".join(lines) + "\n"
 
 
@@ -113,7 +148,25 @@ def setup(app):
                 msg = self.inliner.reporter.error(str(e), line=self.lineno)
                 return [self.inliner.problematic(self.rawtext, self.rawtext, msg)], [msg]
 
+    class RunHint(SphinxDirective):
+        has_content = False
+
+        def run(self):
+            chapter, path = _record_of(self.env)
+            self.env.note_dependency(str(path))
+            prov = json.loads(path.read_text(encoding="utf-8")).get("provenance", {})
+            paper = Path(self.env.srcdir).parent / "results" / "paper" / f"{chapter}.json"
+            paper_prov = None
+            if paper.is_file():  # the repository beside the book: its committed paper record
+                self.env.note_dependency(str(paper))
+                paper_prov = json.loads(paper.read_text(encoding="utf-8")).get("provenance", {})
+            box = nodes.container()
+            text = run_hint_text(chapter, prov, paper_prov)
+            self.state.nested_parse(StringList(text.splitlines()), self.content_offset, box)
+            return box.children
+
     app.add_directive("claims-summary", ClaimsSummary)
+    app.add_directive("run-hint", RunHint)
     app.add_role("reading", Reading())
     return {"parallel_read_safe": True, "parallel_write_safe": True}
 

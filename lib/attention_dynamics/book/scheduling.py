@@ -1,19 +1,25 @@
 """Running many chapters: one after another, side by side on a local process pool (longest
-first, the threads shared out), on any concurrent.futures executor, or a grid on a Dask
-cluster; the first failure stops the rest."""
+first, the threads shared out), on any concurrent.futures executor, or on a Dask cluster
+(the book's chapters longest first, or a grid); the first failure stops the rest.
+
+On a cluster every worker needs the same environment and the repository at a path it can
+read and write (the outputs and the records are written where the job says), and the
+trained-model store (``ATTENTION_DYNAMICS_ARTIFACTS``) on a path all workers share. Each
+worker's kernels use the threads its environment sets (``OMP_NUM_THREADS``)."""
 from __future__ import annotations
 
 import json
 import os
 import sys
-from concurrent.futures import FIRST_EXCEPTION, Executor, wait
+from contextlib import contextmanager
+from concurrent.futures import FIRST_COMPLETED, Executor, wait
 from pathlib import Path
 
 from .execution import execute
 from .jobs import RESULTS, Job, JobResult
 
 __all__ = ["usable_cpus", "expected_seconds", "longest_first", "run_chapters", "run_jobs", "run_grid",
-           "SCHEDULER_TIMEOUT_S"]
+           "dask_executor", "SCHEDULER_TIMEOUT_S"]
 
 
 def usable_cpus() -> int:
@@ -51,10 +57,19 @@ def longest_first(jobs: list[Job]) -> list[Job]:
     return sorted(jobs, key=expected_seconds, reverse=True)
 
 
-def run_chapters(jobs: list[Job], workers: int | None = None, *, progress: bool = True) -> list[JobResult]:
+def run_chapters(jobs: list[Job], workers: int | None = None, *, scheduler: str | None = None,
+                 progress: bool = True) -> list[JobResult]:
     """Run chapters ``workers`` at a time (default: one per usable CPU, at most one per
-    chapter), longest first, each worker's kernels with CPUs // workers threads; the results
-    come back in the order of ``jobs``."""
+    chapter), longest first, each worker's kernels with CPUs // workers threads, or, with
+    ``scheduler``, longest first on the Dask cluster at that address; the results come back
+    in the order of ``jobs``."""
+    if scheduler:
+        order = longest_first(jobs)
+        if progress:
+            print(f"{len(jobs)} chapters on the Dask cluster at {scheduler}, longest first", flush=True)
+        with dask_executor(scheduler) as executor:
+            results = {r.name: r for r in run_jobs(order, executor, progress=progress)}
+        return [results[j.stem] for j in jobs]
     cpus = usable_cpus()
     workers = min(workers or cpus, len(jobs))
     if workers <= 1:
@@ -93,7 +108,9 @@ def run_jobs(jobs: list[Job], executor: Executor | None = None, *, progress: boo
     done_count = 0
     pending = set(futures)
     while pending:
-        done, pending = wait(pending, return_when=FIRST_EXCEPTION)
+        # each chapter reported as it finishes (FIRST_EXCEPTION would wait for all of them
+        # unless one failed); a failure is seen as soon as its chapter ends either way
+        done, pending = wait(pending, return_when=FIRST_COMPLETED)
         failed = [f for f in done if f.exception() is not None]
         if failed:
             for f in pending:
@@ -110,17 +127,25 @@ def run_jobs(jobs: list[Job], executor: Executor | None = None, *, progress: boo
 SCHEDULER_TIMEOUT_S = 10
 
 
+@contextmanager
+def dask_executor(scheduler: str):
+    """A concurrent.futures executor on the Dask cluster at ``scheduler``; a clear error
+    when it cannot be reached within SCHEDULER_TIMEOUT_S."""
+    from distributed import Client
+
+    try:
+        client = Client(scheduler, timeout=f"{SCHEDULER_TIMEOUT_S}s")
+    except Exception as e:  # OSError, TimeoutError, or a malformed address
+        raise ValueError(f"cannot reach the Dask scheduler at {scheduler} within {SCHEDULER_TIMEOUT_S} s "
+                         f"({type(e).__name__})") from None
+    with client:
+        yield client.get_executor()
+
+
 def run_grid(jobs: list[Job], workers: int | None, scheduler: str | None) -> list[JobResult]:
     if scheduler:
-        from distributed import Client
-
-        try:
-            client = Client(scheduler, timeout=f"{SCHEDULER_TIMEOUT_S}s")
-        except Exception as e:  # OSError, TimeoutError, or a malformed address
-            raise ValueError(f"cannot reach the Dask scheduler at {scheduler} within {SCHEDULER_TIMEOUT_S} s "
-                             f"({type(e).__name__})") from None
-        with client:
-            return run_jobs(jobs, client.get_executor())
+        with dask_executor(scheduler) as executor:
+            return run_jobs(jobs, executor)
     if workers and workers > 1:
         from concurrent.futures import ProcessPoolExecutor
 

@@ -1,5 +1,7 @@
 """The time table a build prints at its end: each chapter's seconds, threads and share, the
-sum, and the wall clock with the processor."""
+sum, the wall clock with the processor, and the two bounds no schedule of whole chapters
+can beat: the longest chapter run now (the critical path when chapters are not split) and
+the seconds run now spread evenly over the workers."""
 from __future__ import annotations
 
 from .jobs import JobResult
@@ -8,9 +10,11 @@ from .scheduling import usable_cpus
 __all__ = ["timing_table"]
 
 
-def timing_table(results: list[JobResult], wall_seconds: float | None = None) -> str:
+def timing_table(results: list[JobResult], wall_seconds: float | None = None, workers: int | None = None) -> str:
     """Each chapter's seconds (this run's, or its cached run's), threads and share of the
-    sum; then the sum, and the wall-clock time of this run with the processor."""
+    sum; then the sum, the wall-clock time of this run with the processor, and (with a wall
+    time) the lower bounds on it: the longest chapter run now and, given ``workers``, the
+    seconds run now over the workers."""
     from ..machine import cpu_model
 
     width = max([len(r.name) for r in results] + [16])
@@ -27,4 +31,8 @@ def timing_table(results: list[JobResult], wall_seconds: float | None = None) ->
     if wall_seconds is not None:
         lines.append(f"{'wall clock':<{width}}          {wall_seconds:8.1f}  on {cpu_model()}, "
                      f"{usable_cpus()} CPUs")
+        longest = max((r.seconds for r in results if r.status == "ran"), default=0.0)
+        lines.append(f"{'bound: longest':<{width}}          {longest:8.1f}  (the critical path of whole chapters)")
+        if workers:
+            lines.append(f"{'bound: even':<{width}}          {ran / workers:8.1f}  (executed now over {workers} workers)")
     return "\n".join(lines)
