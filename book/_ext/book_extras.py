@@ -59,6 +59,16 @@ def _dedupe_scripts(app, pagename, templatename, context, doctree):
 CHAPTERS = "chapters/"  # where the runner puts the executed chapters, under the book
 
 
+def _repository(app) -> dict:
+    """The footer's repository setting, read once per build: the `repository` section of this
+    book's _config.yml as it is written (the theme's copy would fill a missing branch with
+    its own default)."""
+    if not hasattr(app, "_book_repository"):
+        config = yaml.safe_load((Path(app.srcdir) / "_config.yml").read_text()) or {}
+        app._book_repository = config.get("repository") or {}
+    return app._book_repository
+
+
 def _launch_buttons(app, pagename, templatename, context, doctree):
     """Rewrite the theme's launch buttons (the header group labelled "launch-buttons", which
     sphinx-book-theme builds from ``launch_buttons`` and ``repository`` in _config.yml) to
@@ -69,12 +79,7 @@ def _launch_buttons(app, pagename, templatename, context, doctree):
     buttons = context.get("header_buttons") or []
     if not any(b.get("label") == "launch-buttons" for b in buttons):
         return
-    links = {}
-    if pagename.startswith(CHAPTERS):
-        # the footer's repository setting: the `repository` section of this book's _config.yml
-        # as it is written (the theme's copy would fill a missing branch with its own default)
-        config = yaml.safe_load((Path(app.srcdir) / "_config.yml").read_text()) or {}
-        links = launch_links(config.get("repository") or {}, pagename.removeprefix(CHAPTERS))
+    links = launch_links(_repository(app), pagename.removeprefix(CHAPTERS)) if pagename.startswith(CHAPTERS) else {}
     kept = []
     for b in buttons:
         if b.get("label") == "launch-buttons":

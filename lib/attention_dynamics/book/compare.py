@@ -233,7 +233,7 @@ def compare(old: dict[str, dict], new: dict[str, dict]) -> Comparison:
         delta = abs(float(w.value) - float(o.value)) if _number(o.value) and _number(w.value) else None
         tolerance = c.tolerance
         if tolerance is not None and (o.n or 0) > 1 and o.se is not None:
-            tolerance = max(tolerance, 2 * math.hypot(o.se, o.se))
+            tolerance = max(tolerance, 2 * math.sqrt(2) * o.se)  # 2 se of a difference of two such means
         claims.append(ClaimChange(c.key, c.chapter, _text(c, o), _text(c, w), delta, tolerance,
                                   o.verdict != w.verdict, lost_number=_number(o.value) != _number(w.value),
                                   stated_tolerance=c.tolerance))

@@ -6,7 +6,6 @@ local checkout. ``python -m attention_dynamics.book.launch`` rewrites the cell o
 notebook after the setting changes; tests/test_launch.py fails until it has."""
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import nbformat
@@ -105,4 +104,3 @@ if __name__ == "__main__":
     from .profiles import find_root
 
     print("rewrote:", ", ".join(sync_install_cells(find_root())) or "nothing")
-    sys.exit(0)

@@ -19,7 +19,7 @@ from .execution import execute
 from .jobs import RESULTS, Job, JobResult
 
 __all__ = ["usable_cpus", "expected_seconds", "longest_first", "run_chapters", "run_jobs", "run_grid",
-           "dask_executor", "SCHEDULER_TIMEOUT_S"]
+           "dask_executor", "local_workers", "SCHEDULER_TIMEOUT_S"]
 
 
 def usable_cpus() -> int:
@@ -57,31 +57,33 @@ def longest_first(jobs: list[Job]) -> list[Job]:
     return sorted(jobs, key=expected_seconds, reverse=True)
 
 
+def local_workers(workers: int | None, n_jobs: int) -> int:
+    """How many chapters a local run puts side by side: ``workers`` (default one per usable
+    CPU), at most one per chapter."""
+    return min(workers or usable_cpus(), max(n_jobs, 1))
+
+
 def run_chapters(jobs: list[Job], workers: int | None = None, *, scheduler: str | None = None,
                  progress: bool = True) -> list[JobResult]:
-    """Run chapters ``workers`` at a time (default: one per usable CPU, at most one per
-    chapter), longest first, each worker's kernels with CPUs // workers threads, or, with
-    ``scheduler``, longest first on the Dask cluster at that address; the results come back
-    in the order of ``jobs``."""
+    """Run chapters :func:`local_workers` at a time, longest first, each worker's kernels
+    with CPUs // workers threads, or, with ``scheduler``, longest first on the Dask cluster
+    at that address; the results come back in the order of ``jobs``."""
     if scheduler:
-        order = longest_first(jobs)
-        if progress:
-            print(f"{len(jobs)} chapters on the Dask cluster at {scheduler}, longest first", flush=True)
-        with dask_executor(scheduler) as executor:
-            results = {r.name: r for r in run_jobs(order, executor, progress=progress)}
-        return [results[j.stem] for j in jobs]
-    cpus = usable_cpus()
-    workers = min(workers or cpus, len(jobs))
-    if workers <= 1:
-        return run_jobs(jobs, progress=progress)
-    from concurrent.futures import ProcessPoolExecutor
+        executor = dask_executor(scheduler)
+        line = f"{len(jobs)} chapters on the Dask cluster at {scheduler}, longest first"
+    else:
+        workers = local_workers(workers, len(jobs))
+        if workers <= 1:
+            return run_jobs(jobs, progress=progress)
+        from concurrent.futures import ProcessPoolExecutor
 
-    order = longest_first(jobs)
-    threads = max(1, cpus // workers)
+        threads = max(1, usable_cpus() // workers)
+        executor = ProcessPoolExecutor(max_workers=workers, initializer=_use_threads, initargs=(threads,))
+        line = f"{len(jobs)} chapters, {workers} side by side, {threads} thread(s) each"
     if progress:
-        print(f"{len(jobs)} chapters, {workers} side by side, {threads} thread(s) each", flush=True)
-    with ProcessPoolExecutor(max_workers=workers, initializer=_use_threads, initargs=(threads,)) as pool:
-        results = {r.name: r for r in run_jobs(order, pool, progress=progress)}
+        print(line, flush=True)
+    with executor as pool:
+        results = {r.name: r for r in run_jobs(longest_first(jobs), pool, progress=progress)}
     return [results[j.stem] for j in jobs]
 
 
