@@ -270,7 +270,8 @@ def test_chapters_run_side_by_side_longest_first_with_one_thread_each(tmp_path, 
     results come back in book order."""
     from support import make_root
 
-    from attention_dynamics.book import records, scheduling, timetable
+    from attention_dynamics.book import scheduling, timetable
+    from attention_dynamics.files import write_json_atomic
 
     cells = [("code", 'wait = 0.0\nrecord_path = ""\nprofile = "paper"', ["parameters"]),
              ("code", "import os, time\nimport torch\nfrom attention_dynamics.book.records import Record\n"
@@ -285,7 +286,7 @@ def test_chapters_run_side_by_side_longest_first_with_one_thread_each(tmp_path, 
         shutil.copy(root / "notebooks" / "short.ipynb", root / "notebooks" / f"{other}.ipynb")
     jobs = make_jobs(root, "quick", out_dir=tmp_path / "out")
     # the last run of "long" took longest: it is started first
-    records.write_json_atomic(jobs[1].record, {"provenance": {"profile": "quick", "seconds": 99.0}})
+    write_json_atomic(jobs[1].record, {"provenance": {"profile": "quick", "seconds": 99.0}})
     assert [scheduling.expected_seconds(j) for j in jobs] == [0.0, 99.0, 0.0]
     assert [j.name for j in scheduling.longest_first(jobs)] == ["long", "short", "last"]
     monkeypatch.setattr(scheduling, "usable_cpus", lambda: 2)
@@ -298,6 +299,51 @@ def test_chapters_run_side_by_side_longest_first_with_one_thread_each(tmp_path, 
     bounds = {line.split("  ")[0]: float(line.split()[2]) for line in table.splitlines() if line.startswith("bound:")}
     assert bounds["bound: longest"] == round(max(r.seconds for r in results), 1) >= 1.0  # "long" waited 1 s
     assert f"{sum(r.seconds for r in results) / 2:8.1f}  (executed now over 2 workers)" in table
+
+
+def test_a_chapters_record_and_footer_say_which_stored_models_it_used(tmp_path, monkeypatch):
+    store = tmp_path / "store"
+    monkeypatch.setenv("ATTENTION_DYNAMICS_ARTIFACTS", str(store))
+    cells = [("code", 'x = 0\nrecord_path = ""\nprofile = "paper"', ["parameters"]),
+             ("code", "from attention_dynamics.artifacts import load_or_make\n"
+                      "from attention_dynamics.book.records import Record\n"
+                      "rec = Record(record_path)\n"
+                      "rec['x'] = load_or_make('probe', {'x': x}, lambda: {'x': x},\n"
+                      "                        modules=['attention_dynamics.stats'])[0]['x']\n"
+                      "rec.save()", [])]
+    root = make_root(tmp_path, cells, name="uses_model")
+    (job,) = make_jobs(root, "quick", out_dir=tmp_path / "out")
+    first = execute(job).record["provenance"]["models"]
+    (made,) = first
+    assert not made["loaded"] and made["file"].startswith("probe-") and (store / made["file"]).is_file()
+    nb = nbformat.read(job.output, as_version=4)
+    assert "| stored models | 1 trained here in " in nb.cells[-1].source
+    job.output.unlink()  # run it again: now the model is loaded
+    (loaded,) = execute(job).record["provenance"]["models"]
+    assert loaded == dict(made, loaded=True)
+
+
+def test_the_expected_time_adds_the_training_of_models_no_longer_stored(tmp_path, monkeypatch):
+    """Ordering longest first must see that a chapter which loaded its models in 16 s
+    takes their training time on a fresh store, and not count twice what it trained itself."""
+    from attention_dynamics.book import scheduling
+    from attention_dynamics.files import write_json_atomic
+
+    store = tmp_path / "store"
+    store.mkdir()
+    monkeypatch.setenv("ATTENTION_DYNAMICS_ARTIFACTS", str(store))
+    (store / "kept.pt").write_bytes(b"x")
+    root = make_root(tmp_path)
+    (job,) = make_jobs(root, "quick", out_dir=tmp_path / "out")
+    models = [{"file": "kept.pt", "seconds": 30.0, "loaded": False},  # trained in that run, still stored
+              {"file": "gone.pt", "seconds": 500.0, "loaded": True},
+              {"file": "kept-loaded.pt", "seconds": 70.0, "loaded": True}]
+    write_json_atomic(job.record, {"provenance": {"profile": "quick", "seconds": 46.0, "models": models}})
+    # its own 46 - 30 = 16 s, plus the two models not in the store: 500 + 70
+    assert scheduling.expected_seconds(job) == 16.0 + 570.0
+    (store / "gone.pt").write_bytes(b"x")
+    (store / "kept-loaded.pt").write_bytes(b"x")
+    assert scheduling.expected_seconds(job) == 16.0
 
 
 def test_the_books_chapters_run_on_a_dask_cluster(tmp_path, capsys):

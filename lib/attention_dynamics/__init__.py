@@ -20,7 +20,7 @@ Models
     windtunnel      the wind-tunnel experiment's settings, model and training (R8)
     windtunnel_rates  the wind tunnel with an optimizer and a rate per role, judged held out (R6, R8)
     ssm             a selective state-space model (Mamba's S6) as content-based routing (R9)
-    primitives      the inference-primitives experiment: attention and SSM side by side (R9)
+    primitive_models  the inference-primitives experiment: attention and SSM side by side (R9)
     ssm_reference   our selective SSM against the reference implementation (mambapy)
 
 Tasks and their exact posteriors (attention_dynamics.tasks)
@@ -53,6 +53,7 @@ Support
                     default only on processors where it measured faster (native/speed.json)
     machine         the processor, as records, kernel caches and the kernel choice name it
     artifacts       trained models kept on disk between chapters, with their provenance
+    files           files written whole or not at all (one rename from a temporary beside them)
     sources         which library source files a computation depends on (cache keys)
 
 The book machinery lives apart, in attention_dynamics.book (the runner: cli, jobs, cache,

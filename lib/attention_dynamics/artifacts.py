@@ -23,7 +23,6 @@ import hashlib
 import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -31,11 +30,12 @@ from typing import Any, Callable
 import torch
 from filelock import FileLock, Timeout
 
+from .files import replaced_atomically
 from .machine import cpu_model
 from .native import planned_paths, recording
 from .sources import module_closure, module_digest
 
-__all__ = ["artifact_folder", "stored"]
+__all__ = ["artifact_folder", "load_or_make", "missing_seconds", "models_used"]
 
 
 def artifact_folder() -> Path:
@@ -45,6 +45,25 @@ def artifact_folder() -> Path:
         "attention_dynamics" / "artifacts"
     base.mkdir(parents=True, exist_ok=True)
     return base
+
+
+# The models this process asked for, by file name: what a chapter's record says it used,
+# so that a scheduler can tell how long the chapter takes where they are not stored yet.
+_used: dict[str, dict] = {}
+
+
+def models_used() -> list[dict]:
+    """The stored models this process asked for: ``file`` (its name in the store), the
+    ``seconds`` its training took wherever it was made, and whether this process ``loaded``
+    it (else it trained it)."""
+    return [dict(v, file=k) for k, v in sorted(_used.items())]
+
+
+def missing_seconds(models: list[dict]) -> float:
+    """The training seconds of those of ``models`` (as :func:`models_used` lists them) that
+    are not in the store now: what a chapter adds to its own time where they must be made."""
+    folder = artifact_folder()
+    return float(sum(m["seconds"] for m in models if not (folder / m["file"]).is_file()))
 
 
 @contextlib.contextmanager
@@ -62,7 +81,7 @@ def _held(lock_path: Path, kind: str):
         lock.release()
 
 
-def stored(kind: str, settings: dict, make: Callable[[], Any], *, modules: list[str]) -> tuple[Any, dict]:
+def load_or_make(kind: str, settings: dict, make: Callable[[], Any], *, modules: list[str]) -> tuple[Any, dict]:
     """The artifact ``kind`` made with ``settings`` (JSON-serializable): loaded if it is on
     disk, else made by ``make()`` (anything ``torch.save`` stores with tensors, numbers,
     strings, lists and dicts) and stored. ``modules``: the dotted names of the library modules
@@ -78,6 +97,7 @@ def stored(kind: str, settings: dict, make: Callable[[], Any], *, modules: list[
         if path.is_file():
             try:
                 saved = torch.load(path, weights_only=True)
+                _used[path.name] = {"seconds": float(saved["provenance"]["seconds"]), "loaded": True}
                 return saved["payload"], dict(saved["provenance"], loaded=True, path=str(path))
             except Exception as e:  # truncated by a crash of an older version, or unreadable
                 print(f"{kind}: the stored artifact {path.name} does not load ({type(e).__name__}); "
@@ -93,12 +113,7 @@ def stored(kind: str, settings: dict, make: Callable[[], Any], *, modules: list[
             print(f"{kind}: made through other computation paths than planned ({unplanned}); not stored",
                   file=sys.stderr, flush=True)
             return payload, dict(prov, loaded=False, path=None)
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
-        os.close(fd)
-        try:
+        with replaced_atomically(path) as tmp:
             torch.save({"payload": payload, "provenance": prov}, tmp)
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        _used[path.name] = {"seconds": float(prov["seconds"]), "loaded": False}
         return payload, dict(prov, loaded=False, path=str(path))

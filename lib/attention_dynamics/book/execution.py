@@ -14,7 +14,7 @@ from pathlib import Path
 from .cache import cache_key, cached_result, file_digest, library_digest
 from .jobs import Job, JobResult, NotebookFailed
 from .provenance import append_provenance, provenance, repository
-from .records import write_json_atomic
+from ..files import write_json_atomic
 
 __all__ = ["execute", "KERNEL_ARGUMENTS"]
 
@@ -80,6 +80,7 @@ def _stamped_record(job: Job, key: str, seconds: float, tmp_nb: Path, tmp_rec: P
     record = json.loads(tmp_rec.read_text(encoding="utf-8"))
     record["provenance"] = provenance(job, key, seconds)
     record["provenance"]["paths"] = record.pop("paths", {})
+    record["provenance"]["models"] = record.pop("models", [])
     record["provenance"]["notebook_sha256"] = file_digest(Path(job.notebook))
     record["provenance"]["library_digest"] = library_digest(job)
     append_provenance(tmp_nb, record["provenance"], repository(Path(job.root)))

@@ -39,8 +39,11 @@ def _use_threads(threads: int) -> None:
 
 
 def expected_seconds(job: Job) -> float:
-    """How long the chapter took last time: its record in the output folder, else (paper
-    profile) the committed paper record; 0 when neither says."""
+    """How long the chapter will take, from its last run (its record in the output folder,
+    else, paper profile, the committed paper record; 0 when neither says): that run's own
+    seconds, without the models it trained then, plus the training seconds of the stored
+    models it used that are not in the store now (a fresh store, or a change to the code
+    that makes them)."""
     for path in (job.record, Path(job.root) / RESULTS / f"{job.name}.json"):
         try:
             record = json.loads(Path(path).read_text(encoding="utf-8"))
@@ -48,7 +51,13 @@ def expected_seconds(job: Job) -> float:
             continue
         prov = record.get("provenance", {})
         if prov.get("profile") == job.profile and isinstance(prov.get("seconds"), (int, float)):
-            return float(prov["seconds"])
+            models = prov.get("models") or []
+            if not models:
+                return float(prov["seconds"])
+            from ..artifacts import missing_seconds
+
+            own = prov["seconds"] - sum(m["seconds"] for m in models if not m["loaded"])
+            return max(own, 0.0) + missing_seconds(models)
     return 0.0
 
 

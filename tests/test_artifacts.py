@@ -1,0 +1,72 @@
+"""The trained-model store (attention_dynamics.artifacts) and files written whole
+(attention_dynamics.files)."""
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+import torch
+
+from attention_dynamics import artifacts
+from attention_dynamics.artifacts import load_or_make, missing_seconds, models_used
+from attention_dynamics.files import replaced_atomically, write_json_atomic
+
+
+def test_an_unreadable_artifact_is_made_again(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("ATTENTION_DYNAMICS_ARTIFACTS", str(tmp_path))
+    calls = []
+
+    def make():
+        calls.append(1)
+        return {"x": torch.arange(3)}
+
+    payload, prov = load_or_make("test", {"a": 1}, make, modules=["attention_dynamics.stats"])
+    assert not prov["loaded"] and payload["x"].tolist() == [0, 1, 2]
+    Path(prov["path"]).write_bytes(b"truncated")
+    payload, prov = load_or_make("test", {"a": 1}, make, modules=["attention_dynamics.stats"])
+    assert len(calls) == 2 and not prov["loaded"] and "does not load" in capsys.readouterr().err
+    assert load_or_make("test", {"a": 1}, make, modules=["attention_dynamics.stats"])[1]["loaded"]
+    assert not [p for p in tmp_path.iterdir() if p.suffix == ".tmp"]
+
+
+def test_the_models_a_process_used_are_listed_with_their_training_seconds(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTENTION_DYNAMICS_ARTIFACTS", str(tmp_path))
+    monkeypatch.setattr(artifacts, "_used", {})
+    _, made = load_or_make("used", {"a": 1}, lambda: {"x": 1}, modules=["attention_dynamics.stats"])
+    _, loaded = load_or_make("used", {"a": 1}, lambda: {"x": 1}, modules=["attention_dynamics.stats"])
+    (entry,) = models_used()
+    # the second call loaded what the first made: one model, its training seconds as made
+    assert entry == {"file": Path(made["path"]).name, "seconds": made["seconds"], "loaded": True}
+    assert loaded["loaded"] and not made["loaded"]
+
+
+def test_missing_seconds_counts_only_the_models_not_in_the_store(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTENTION_DYNAMICS_ARTIFACTS", str(tmp_path))
+    (tmp_path / "here.pt").write_bytes(b"x")
+    models = [{"file": "here.pt", "seconds": 30.0, "loaded": True},
+              {"file": "gone.pt", "seconds": 50.0, "loaded": True},
+              {"file": "gone-too.pt", "seconds": 7.0, "loaded": False}]
+    assert missing_seconds(models) == 57.0
+    assert missing_seconds([]) == 0.0
+
+
+def test_a_file_written_atomically_appears_whole_or_not_at_all(tmp_path):
+    target = tmp_path / "sub" / "record.json"
+    write_json_atomic(target, {"a": 1})
+    assert target.read_text() == '{\n "a": 1\n}\n'
+    mode = stat.S_IMODE(target.stat().st_mode)
+    umask = os.umask(0)
+    os.umask(umask)
+    assert mode == 0o666 & ~umask  # an ordinary file's mode, not mkstemp's private 0600
+    with pytest.raises(RuntimeError, match="half"):
+        with replaced_atomically(target) as tmp:
+            tmp.write_text("half a fi")
+            raise RuntimeError("half written")
+    # the old file stays, and no temporary is left beside it
+    assert target.read_text() == '{\n "a": 1\n}\n'
+    assert sorted(p.name for p in target.parent.iterdir()) == ["record.json"]
+    with pytest.raises(ValueError):  # NaN is refused before anything is renamed
+        write_json_atomic(target, {"a": float("nan")})
+    assert sorted(p.name for p in target.parent.iterdir()) == ["record.json"]
