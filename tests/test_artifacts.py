@@ -70,3 +70,19 @@ def test_a_file_written_atomically_appears_whole_or_not_at_all(tmp_path):
     with pytest.raises(ValueError):  # NaN is refused before anything is renamed
         write_json_atomic(target, {"a": float("nan")})
     assert sorted(p.name for p in target.parent.iterdir()) == ["record.json"]
+
+
+def test_the_stores_plumbing_is_outside_every_key(root):
+    """A better lock or log line in the store must retrain no model and re-execute no
+    chapter, while the code that computes (here the kernels' C sources) stays covered."""
+    from attention_dynamics.sources import PACKAGE_DIR, chapter_modules, module_closure
+
+    plumbing = {"artifacts.py", "files.py", "sources.py"}
+    for maker in ("windtunnel", "windtunnel_rates", "primitive_models", "causal_head"):
+        names = {p.relative_to(PACKAGE_DIR).as_posix() for p in module_closure([f"attention_dynamics.{maker}"])}
+        assert f"{maker}.py" in names and "native/causal_head.c" in names and "training.py" in names, maker
+        assert not names & plumbing, maker
+    for nb in sorted((root / "notebooks").glob("*.ipynb")):
+        assert not {p.name for p in chapter_modules(nb)} & plumbing, nb.stem
+    # entered from nowhere else, the plumbing adds only the package it sits in
+    assert [p.name for p in module_closure(["attention_dynamics.artifacts"])] == ["__init__.py"]

@@ -5,7 +5,8 @@ first to ask for it trains it and stores what the others need (the model's and t
 optimizer's states at the checkpoints, the loss curve); the others load it. An artifact is
 found by a key over everything that determines it: its settings, PyTorch's version and the
 library sources of the code that makes it (:func:`attention_dynamics.sources.module_closure`),
-so an edit to the training code, or a new PyTorch, makes a new one.
+so an edit to the training code, or a new PyTorch, makes a new one; this module's own code is
+not among them (it moves bytes: :data:`attention_dynamics.sources.PLUMBING`).
 
 The folder is ``$ATTENTION_DYNAMICS_ARTIFACTS``, else ``~/.cache/attention_dynamics/artifacts``.
 Chapters running side by side take a lock per artifact (``filelock``: an OS lock where the
