@@ -37,9 +37,13 @@ def test_the_models_a_process_used_are_listed_with_their_training_seconds(tmp_pa
     _, made = load_or_make("used", {"a": 1}, lambda: {"x": 1}, modules=["attention_dynamics.stats"])
     _, loaded = load_or_make("used", {"a": 1}, lambda: {"x": 1}, modules=["attention_dynamics.stats"])
     (entry,) = models_used()
-    # the second call loaded what the first made: one model, its training seconds as made
-    assert entry == {"file": Path(made["path"]).name, "seconds": made["seconds"], "loaded": True}
+    # asked for twice, trained by the first call: one model, trained here, its seconds as made
+    assert entry == {"file": Path(made["path"]).name, "seconds": made["seconds"], "loaded": False}
     assert loaded["loaded"] and not made["loaded"]
+    # another process (a fresh list) that finds it stored loaded it
+    monkeypatch.setattr(artifacts, "_used", {})
+    load_or_make("used", {"a": 1}, lambda: {"x": 1}, modules=["attention_dynamics.stats"])
+    assert models_used() == [dict(entry, loaded=True)]
 
 
 def test_missing_seconds_counts_only_the_models_not_in_the_store(tmp_path, monkeypatch):
@@ -78,7 +82,10 @@ def test_the_stores_plumbing_is_outside_every_key(root):
     from attention_dynamics.sources import PACKAGE_DIR, chapter_modules, module_closure
 
     plumbing = {"artifacts.py", "files.py", "sources.py"}
-    for maker in ("windtunnel", "windtunnel_rates", "primitive_models", "causal_head"):
+    makers = sorted(p.stem for p in PACKAGE_DIR.glob("*.py") if "load_or_make(" in p.read_text()
+                    and p.stem not in ("artifacts", "files", "sources"))
+    assert {"windtunnel", "windtunnel_rates", "primitive_models", "causal_head", "deep_variant"} <= set(makers)
+    for maker in makers:
         names = {p.relative_to(PACKAGE_DIR).as_posix() for p in module_closure([f"attention_dynamics.{maker}"])}
         assert f"{maker}.py" in names and "native/causal_head.c" in names and "training.py" in names, maker
         assert not names & plumbing, maker

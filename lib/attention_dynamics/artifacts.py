@@ -98,11 +98,14 @@ def load_or_make(kind: str, settings: dict, make: Callable[[], Any], *, modules:
         if path.is_file():
             try:
                 saved = torch.load(path, weights_only=True)
-                _used[path.name] = {"seconds": float(saved["provenance"]["seconds"]), "loaded": True}
-                return saved["payload"], dict(saved["provenance"], loaded=True, path=str(path))
+                payload, prov = saved["payload"], dict(saved["provenance"])
             except Exception as e:  # truncated by a crash of an older version, or unreadable
                 print(f"{kind}: the stored artifact {path.name} does not load ({type(e).__name__}); "
                       f"making it again", file=sys.stderr, flush=True)
+            else:
+                # a model this process trained stays "trained here" when it is asked for again
+                _used.setdefault(path.name, {"seconds": float(prov.get("seconds", 0.0)), "loaded": True})
+                return payload, dict(prov, loaded=True, path=str(path))
         start = time.perf_counter()
         with recording() as taken:
             payload = make()

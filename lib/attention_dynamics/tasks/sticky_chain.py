@@ -18,7 +18,6 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..reference import SCRIPT_R7
 from ..validation import check_float, check_int, check_int_list, check_tensor
 
 __all__ = [
@@ -42,7 +41,7 @@ __all__ = [
 
 N_STATES = 8
 D_X = 20
-SEEDS = tuple(SCRIPT_R7["seeds"])  # the five seeds of the authors' script, written once there
+SEEDS = (42, 2024, 1337, 7777, 9999)  # the authors' script's (reference.SCRIPT_R7, a test holds them equal)
 
 
 def transition_matrix(n_states: int = N_STATES, self_weight: float = 0.3, *, quirk: bool = True,
