@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from attention_dynamics import artifacts
-from attention_dynamics.artifacts import load_or_make, missing_seconds, models_used
+from attention_dynamics.artifacts import load_or_make, models_used
 from attention_dynamics.files import replaced_atomically, write_json_atomic
+from attention_dynamics.store import missing_seconds
 
 
 def test_an_unreadable_artifact_is_made_again(tmp_path, monkeypatch, capsys):
@@ -54,6 +55,9 @@ def test_missing_seconds_counts_only_the_models_not_in_the_store(tmp_path, monke
               {"file": "gone-too.pt", "seconds": 7.0, "loaded": False}]
     assert missing_seconds(models) == 57.0
     assert missing_seconds([]) == 0.0
+    # entries a record could hold from an older or damaged build count nothing
+    assert missing_seconds(models + [{"file": "x.pt"}, "junk", {"seconds": 5.0}]) == 57.0
+    assert missing_seconds({"file": "gone.pt"}) == 0.0
 
 
 def test_a_file_written_atomically_appears_whole_or_not_at_all(tmp_path):
@@ -93,3 +97,18 @@ def test_the_stores_plumbing_is_outside_every_key(root):
         assert not {p.name for p in chapter_modules(nb)} & plumbing, nb.stem
     # entered from nowhere else, the plumbing adds only the package it sits in
     assert [p.name for p in module_closure(["attention_dynamics.artifacts"])] == ["__init__.py"]
+
+
+def test_raising_the_store_format_makes_every_model_anew(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTENTION_DYNAMICS_ARTIFACTS", str(tmp_path))
+    calls = []
+
+    def make():
+        calls.append(1)
+        return {"x": 1}
+
+    first = load_or_make("fmt", {"a": 1}, make, modules=["attention_dynamics.stats"])[1]
+    assert load_or_make("fmt", {"a": 1}, make, modules=["attention_dynamics.stats"])[1]["loaded"]
+    monkeypatch.setattr(artifacts, "STORE_FORMAT", 2)
+    second = load_or_make("fmt", {"a": 1}, make, modules=["attention_dynamics.stats"])[1]
+    assert not second["loaded"] and second["key"] != first["key"] and len(calls) == 2

@@ -344,6 +344,14 @@ def test_the_expected_time_adds_the_training_of_models_no_longer_stored(tmp_path
     (store / "gone.pt").write_bytes(b"x")
     (store / "kept-loaded.pt").write_bytes(b"x")
     assert scheduling.expected_seconds(job) == 16.0
+    (store / "kept.pt").unlink()  # what that run trained, gone: counted once, not twice
+    assert scheduling.expected_seconds(job) == 16.0 + 30.0
+    # a damaged list counts what it can read; a record without one counts its seconds
+    write_json_atomic(job.record, {"provenance": {"profile": "quick", "seconds": 46.0,
+                                                  "models": models + ["junk", {"file": "y.pt"}]}})
+    assert scheduling.expected_seconds(job) == 16.0 + 30.0
+    write_json_atomic(job.record, {"provenance": {"profile": "quick", "seconds": 46.0, "models": "junk"}})
+    assert scheduling.expected_seconds(job) == 46.0
 
 
 def test_the_books_chapters_run_on_a_dask_cluster(tmp_path, capsys):

@@ -53,6 +53,7 @@ Support
                     default only on processors where it measured faster (native/speed.json)
     machine         the processor, as records, kernel caches and the kernel choice name it
     artifacts       trained models kept on disk between chapters, with their provenance
+    store           where the trained-model store is and which models it holds (no torch)
     files           files written whole or not at all (one rename from a temporary beside them)
     sources         which library source files a computation depends on (cache keys)
 

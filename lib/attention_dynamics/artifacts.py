@@ -22,7 +22,6 @@ import contextlib
 import datetime as _dt
 import hashlib
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -35,18 +34,22 @@ from .files import replaced_atomically
 from .machine import cpu_model
 from .native import planned_paths, recording
 from .sources import module_closure, module_digest
+from .store import store_folder
 
-__all__ = ["artifact_folder", "load_or_make", "missing_seconds", "models_used"]
+__all__ = ["artifact_folder", "load_or_make", "models_used", "STORE_FORMAT"]
 
 
 def artifact_folder() -> Path:
-    """Where artifacts live: $ATTENTION_DYNAMICS_ARTIFACTS, else the user's cache."""
-    env = os.environ.get("ATTENTION_DYNAMICS_ARTIFACTS")
-    base = Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / \
-        "attention_dynamics" / "artifacts"
+    """Where artifacts live (:func:`attention_dynamics.store.store_folder`), created."""
+    base = store_folder()
     base.mkdir(parents=True, exist_ok=True)
     return base
 
+
+# Raise by one when this module changes what a stored file holds or when it refuses to
+# store one: its code is left out of the keys (sources.PLUMBING), so only this makes every
+# model anew.
+STORE_FORMAT = 1
 
 # The models this process asked for, by file name: what a chapter's record says it used,
 # so that a scheduler can tell how long the chapter takes where they are not stored yet.
@@ -58,13 +61,6 @@ def models_used() -> list[dict]:
     ``seconds`` its training took wherever it was made, and whether this process ``loaded``
     it (else it trained it)."""
     return [dict(v, file=k) for k, v in sorted(_used.items())]
-
-
-def missing_seconds(models: list[dict]) -> float:
-    """The training seconds of those of ``models`` (as :func:`models_used` lists them) that
-    are not in the store now: what a chapter adds to its own time where they must be made."""
-    folder = artifact_folder()
-    return float(sum(m["seconds"] for m in models if not (folder / m["file"]).is_file()))
 
 
 @contextlib.contextmanager
@@ -91,6 +87,8 @@ def load_or_make(kind: str, settings: dict, make: Callable[[], Any], *, modules:
     files = module_closure(modules)
     fields = {"kind": kind, "settings": settings, "torch": str(torch.__version__),
               "library_digest": module_digest(files), "paths": planned_paths()}
+    if STORE_FORMAT > 1:  # format 1 is the key without the field: the models stored before it
+        fields["store_format"] = STORE_FORMAT
     key = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:20]
     folder = artifact_folder()
     path = folder / f"{kind}-{key}.pt"

@@ -35,7 +35,10 @@ def replaced_atomically(path: str | os.PathLike, *, mode: int = 0o666) -> Iterat
     os.close(fd)
     try:
         yield Path(tmp)
-        os.chmod(tmp, mode & ~_UMASK)
+        try:
+            os.chmod(tmp, mode & ~_UMASK)
+        except OSError:  # a file system without modes (some network mounts): the file still counts
+            pass
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

@@ -17,12 +17,12 @@ __all__ = ["PACKAGE", "PACKAGE_DIR", "PLUMBING", "chapter_modules", "module_clos
 PACKAGE = "attention_dynamics"
 PACKAGE_DIR = Path(__file__).resolve().parent
 SOURCE_SUFFIXES = (".c", ".h")  # compiled on the reader's machine; they change results too
-# The store's plumbing moves bytes and computes nothing: the trained-model store, files
-# written whole, and these keys themselves. A key that covered them would retrain every
+# The store's plumbing moves bytes and computes nothing: the trained-model store and where
+# it is, files written whole, and these keys themselves. A key that covered them would retrain every
 # stored model (some 15,000 CPU-seconds) and re-execute every chapter for a better lock or
 # a log line, so no closure enters them; what they import for a computation (the kernels'
 # paths) is reached through the code that computes.
-PLUMBING = frozenset({f"{PACKAGE}.artifacts", f"{PACKAGE}.files", f"{PACKAGE}.sources"})
+PLUMBING = frozenset({f"{PACKAGE}.artifacts", f"{PACKAGE}.files", f"{PACKAGE}.sources", f"{PACKAGE}.store"})
 
 
 def _module_file(dotted: str) -> Path | None:

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from concurrent.futures import FIRST_COMPLETED, Executor, wait
 from pathlib import Path
 
+from ..store import missing_seconds
 from .execution import execute
 from .jobs import RESULTS, Job, JobResult
 
@@ -51,13 +52,10 @@ def expected_seconds(job: Job) -> float:
             continue
         prov = record.get("provenance", {})
         if prov.get("profile") == job.profile and isinstance(prov.get("seconds"), (int, float)):
-            models = prov.get("models") or []
-            if not models:
-                return float(prov["seconds"])
-            from ..artifacts import missing_seconds
-
-            own = prov["seconds"] - sum(m["seconds"] for m in models if not m["loaded"])
-            return max(own, 0.0) + missing_seconds(models)
+            models = prov.get("models") if isinstance(prov.get("models"), list) else []
+            made_then = sum(m["seconds"] for m in models if isinstance(m, dict) and m.get("loaded") is False
+                            and isinstance(m.get("seconds"), (int, float)))
+            return max(prov["seconds"] - made_then, 0.0) + missing_seconds(models)
     return 0.0
 
 
