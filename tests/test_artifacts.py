@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
+import time
 from pathlib import Path
 
 import pytest
@@ -112,3 +113,34 @@ def test_raising_the_store_format_makes_every_model_anew(tmp_path, monkeypatch):
     monkeypatch.setattr(artifacts, "STORE_FORMAT", 2)
     second = load_or_make("fmt", {"a": 1}, make, modules=["attention_dynamics.stats"])[1]
     assert not second["loaded"] and second["key"] != first["key"] and len(calls) == 2
+
+
+def test_the_lease_for_a_shared_store_is_taken_over_from_a_dead_holder(tmp_path, monkeypatch, capsys):
+    """ATTENTION_DYNAMICS_LOCK=file: an fcntl lock's file left in the store does not block
+    it, and a lease whose holder died (a process killed mid-training, on any machine) is
+    taken over once it expires, after saying it waits."""
+    import socket
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("ATTENTION_DYNAMICS_ARTIFACTS", str(tmp_path))
+    load_or_make("lk", {"a": 1}, lambda: {"x": 1}, modules=["attention_dynamics.stats"])  # default: fcntl
+    monkeypatch.setenv("ATTENTION_DYNAMICS_LOCK", "file")
+    monkeypatch.setattr(artifacts, "LEASE_SECONDS", 1.0)
+    assert load_or_make("lk", {"a": 1}, lambda: {"x": 2}, modules=["attention_dynamics.stats"])[0] == {"x": 1}
+    assert not capsys.readouterr().err  # no wait: the old lock file is another file
+    name = next(p.name for p in tmp_path.iterdir() if p.suffix == ".pt")
+    lease = tmp_path / f".{name}.lease"
+    holder = ("import os, sys\nfrom filelock import SoftFileLease\n"
+              "held = SoftFileLease(sys.argv[1], lease_duration=1.0, heartbeat_interval=0.25)\n"
+              "held.acquire()\nos._exit(0)")  # killed while holding it (a dropped lock object releases)
+    subprocess.run([sys.executable, "-c", holder, str(lease)], check=True)
+    assert lease.exists()  # the dead holder's claim
+    # as if it had died on another machine: no process to look for, the lease must expire
+    lease.write_text(lease.read_text().replace(f"host={socket.gethostname()}", "host=elsewhere"))
+    start = time.perf_counter()
+    assert load_or_make("lk", {"a": 1}, lambda: {"x": 2}, modules=["attention_dynamics.stats"])[0] == {"x": 1}
+    assert "waiting for it" in capsys.readouterr().err and time.perf_counter() - start < 30
+    monkeypatch.setenv("ATTENTION_DYNAMICS_LOCK", "nfs")
+    with pytest.raises(ValueError, match="ATTENTION_DYNAMICS_LOCK must be 'os' or 'file', got 'nfs'"):
+        load_or_make("lk", {"a": 1}, lambda: {"x": 1}, modules=["attention_dynamics.stats"])

@@ -67,6 +67,19 @@ def test_two_timescale_em_chapter(quick_runs):
     assert v["first_diverging_ratio"] >= v["best_ratio"]  # until they overshoot
 
 
+def test_every_plan_makes_models_its_chapter_then_loads(quick_runs):
+    """book.plans is a head start, not a second source: each model a plan made first must be
+    one its chapter then loaded. A plan whose settings drifted from its chapter's would make
+    models nobody loads (and the chapter would train its own)."""
+    from attention_dynamics.book.jobs import JobResult
+    from attention_dynamics.book.plans import PLANNED, unused_planned
+
+    for name in PLANNED:
+        planned, failed = quick_runs.planned[name]
+        assert planned and not failed, f"{name}: its plan made {planned}, and failed at {failed}"
+        assert not unused_planned(JobResult(name, "ran", 0.0, quick_runs(name), planned)), name
+
+
 def test_every_number_glued_into_the_text_is_recorded(root, quick_runs):
     """Each {glue:text}`name` in a chapter's prose must be a number the chapter records,
     so that every number on a page traces to the notebook's computation."""

@@ -304,14 +304,9 @@ def test_chapters_run_side_by_side_longest_first_with_one_thread_each(tmp_path, 
 def test_a_chapters_record_and_footer_say_which_stored_models_it_used(tmp_path, monkeypatch):
     store = tmp_path / "store"
     monkeypatch.setenv("ATTENTION_DYNAMICS_ARTIFACTS", str(store))
-    cells = [("code", 'x = 0\nrecord_path = ""\nprofile = "paper"', ["parameters"]),
-             ("code", "from attention_dynamics.artifacts import load_or_make\n"
-                      "from attention_dynamics.book.records import Record\n"
-                      "rec = Record(record_path)\n"
-                      "rec['x'] = load_or_make('probe', {'x': x}, lambda: {'x': x},\n"
-                      "                        modules=['attention_dynamics.stats'])[0]['x']\n"
-                      "rec.save()", [])]
-    root = make_root(tmp_path, cells, name="uses_model")
+    from support import MODEL_CELLS
+
+    root = make_root(tmp_path, MODEL_CELLS, name="uses_model")
     (job,) = make_jobs(root, "quick", out_dir=tmp_path / "out")
     first = execute(job).record["provenance"]["models"]
     (made,) = first
@@ -321,6 +316,78 @@ def test_a_chapters_record_and_footer_say_which_stored_models_it_used(tmp_path, 
     job.output.unlink()  # run it again: now the model is loaded
     (loaded,) = execute(job).record["provenance"]["models"]
     assert loaded == dict(made, loaded=True)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_planned_models_are_made_first_and_their_chapter_loads_them(tmp_path, monkeypatch, capsys, workers):
+    """book.plans: a chapter's models made as tasks of their own before it starts, once
+    however many chapters plan them; a plan task that fails is left to its chapter, which
+    makes the model itself."""
+    import functools
+    from concurrent.futures import ProcessPoolExecutor
+
+    from support import MODEL_CELLS, make_probe_model
+
+    from attention_dynamics.book.plans import ModelTask
+    from attention_dynamics.book.scheduling import run_jobs
+
+    monkeypatch.setenv("ATTENTION_DYNAMICS_ARTIFACTS", str(tmp_path / "store"))
+    root = make_root(tmp_path, MODEL_CELLS, name="a",
+                     profiles="a:\n  quick: {x: 1}\n  paper: {x: 1}\nb:\n  quick: {x: 2}\n  paper: {x: 2}\n")
+    shutil.copy(root / "notebooks" / "a.ipynb", root / "notebooks" / "b.ipynb")
+    jobs = make_jobs(root, "quick", out_dir=tmp_path / "out")
+    made = ModelTask("probe 1", functools.partial(make_probe_model, 1))
+    broken = ModelTask("probe 2", functools.partial(make_probe_model, 2, fail=True))
+    plans = {"a": [made, ModelTask("probe 1 again", functools.partial(make_probe_model, 1))], "b": [broken]}
+    with ProcessPoolExecutor(workers) as pool:
+        results = run_jobs(jobs, pool if workers > 1 else None, plans=plans)
+    out = capsys.readouterr().out
+    # made once (the second task of "a" is the same call), before its chapter
+    assert out.count("[model ") == 2 and out.index("probe 1: made in") < out.index("] a: ran")
+    assert "probe 2: failed (RuntimeError: this model cannot be made); its chapter will make it" in out
+    a, b = (r.record["provenance"]["models"] for r in results)
+    assert [m["loaded"] for m in a] == [True] and [m["loaded"] for m in b] == [False]
+    assert results[0].planned == (a[0]["file"],) and results[1].planned == ()
+    assert results[0].planned_failed == () and results[1].planned_failed == (broken.identity,)
+    assert [r.record["values"]["x"] for r in results] == [1, 2]
+    assert "warning" not in out
+
+
+def test_a_worker_sets_the_threads_of_the_pytorch_it_inherited(monkeypatch):
+    """A forked pool worker inherits the runner's PyTorch with its thread count set: a
+    planned model made in the worker itself must use the worker's share of the CPUs."""
+    import torch
+
+    from attention_dynamics.book.scheduling import THREAD_VARIABLES, _use_threads
+
+    before = torch.get_num_threads()
+    for var in THREAD_VARIABLES:
+        monkeypatch.delenv(var, raising=False)
+    try:
+        torch.set_num_threads(2)
+        _use_threads(1)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_a_plan_that_drifted_from_its_chapter_is_named(tmp_path, monkeypatch, capsys):
+    """The negative control of the plans' check: a plan made at other settings than its
+    chapter's (x = 9 for a chapter at x = 1) makes a model the chapter does not load."""
+    import functools
+
+    from support import MODEL_CELLS, make_probe_model
+
+    from attention_dynamics.book.plans import ModelTask, unused_planned
+    from attention_dynamics.book.scheduling import run_jobs
+
+    monkeypatch.setenv("ATTENTION_DYNAMICS_ARTIFACTS", str(tmp_path / "store"))
+    root = make_root(tmp_path, MODEL_CELLS, name="a", profiles="a:\n  quick: {x: 1}\n  paper: {x: 1}\n")
+    (r,) = run_jobs(make_jobs(root, "quick", out_dir=tmp_path / "out"),
+                    plans={"a": [ModelTask("probe 9", functools.partial(make_probe_model, 9))]})
+    (made,) = r.planned
+    assert unused_planned(r) == [made] and [m["loaded"] for m in r.record["provenance"]["models"]] == [False]
+    assert f"warning: a: its plan made model(s) it did not load ({made})" in capsys.readouterr().out
 
 
 def test_the_expected_time_adds_the_training_of_models_no_longer_stored(tmp_path, monkeypatch):

@@ -20,6 +20,7 @@ Models
     windtunnel      the wind-tunnel experiment's settings, model and training (R8)
     windtunnel_rates  the wind tunnel with an optimizer and a rate per role, judged held out (R6, R8)
     ssm             a selective state-space model (Mamba's S6) as content-based routing (R9)
+    deep_variant    the sticky chain's deep variant: a transformer per seed, each seed a stored run (R7)
     primitive_models  the inference-primitives experiment: attention and SSM side by side (R9)
     ssm_reference   our selective SSM against the reference implementation (mambapy)
 
@@ -58,7 +59,7 @@ Support
     sources         which library source files a computation depends on (cache keys)
 
 The book machinery lives apart, in attention_dynamics.book (the runner: cli, jobs, cache,
-execution, scheduling, timetable, publishing; and profiles, parameters, provenance, records,
+execution, plans, scheduling, timetable, publishing; and profiles, parameters, provenance, records,
 scorecard, render, compare, build); a reader of the science never needs to open it.
 """
 __version__ = "0.2.0"

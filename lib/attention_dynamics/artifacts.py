@@ -10,8 +10,9 @@ not among them (it moves bytes: :data:`attention_dynamics.sources.PLUMBING`).
 
 The folder is ``$ATTENTION_DYNAMICS_ARTIFACTS``, else ``~/.cache/attention_dynamics/artifacts``.
 Chapters running side by side take a lock per artifact (``filelock``: an OS lock where the
-system has one, a lock file elsewhere): the second waits for the first to finish training
-and then loads. The key also holds the computation paths of this processor
+system has one, a lock file elsewhere; ``ATTENTION_DYNAMICS_LOCK=file``, a lease file
+created exclusively and refreshed by its holder, for a store on NFS): the second waits for the first to finish training and then
+loads. The key also holds the computation paths of this processor
 (:func:`attention_dynamics.native.planned_paths`): a kernel and PyTorch train to different
 last digits, so a model trained one way is not loaded for the other. A file that does not load (truncated, from an older
 format) is made again. Files are written whole or not at all.
@@ -22,13 +23,14 @@ import contextlib
 import datetime as _dt
 import hashlib
 import json
+import os
 import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
-from filelock import FileLock, Timeout
+from filelock import FileLock, SoftFileLease, Timeout
 
 from .files import replaced_atomically
 from .machine import cpu_model
@@ -63,15 +65,30 @@ def models_used() -> list[dict]:
     return [dict(v, file=k) for k, v in sorted(_used.items())]
 
 
+LEASE_SECONDS = 60.0  # a shared store's claim outlives its holder's last heartbeat by this long
+
+
 @contextlib.contextmanager
 def _held(lock_path: Path, kind: str):
-    """This process alone, until the block ends; says so when it has to wait."""
-    lock = FileLock(lock_path)
+    """This process alone, until the block ends; says so when it has to wait. With
+    ATTENTION_DYNAMICS_LOCK=file, a lease file beside the model instead of an ``fcntl``
+    lock (which some NFS set-ups do not honour): created exclusively, refreshed while its
+    holder lives, and taken over LEASE_SECONDS after a holder died (on any machine); if a
+    holder only stalls that long, two processes may both train the model, which costs time
+    only (each renames a whole file into place)."""
+    how = os.environ.get("ATTENTION_DYNAMICS_LOCK", "os")
+    if how not in ("os", "file"):
+        raise ValueError(f"ATTENTION_DYNAMICS_LOCK must be 'os' or 'file', got {how!r}")
+    if how == "os":
+        lock = FileLock(lock_path)
+    else:  # its own file name: an fcntl lock's empty file left in the store must not block it
+        lock = SoftFileLease(lock_path.with_suffix(".lease"), lease_duration=LEASE_SECONDS,
+                             heartbeat_interval=LEASE_SECONDS / 4)
     try:
         lock.acquire(timeout=0)
     except Timeout:
         print(f"{kind}: another process is making this artifact; waiting for it", file=sys.stderr, flush=True)
-        lock.acquire()
+        lock.acquire(poll_interval=1.0)
     try:
         yield
     finally:

@@ -12,12 +12,13 @@ import json
 import os
 import sys
 from contextlib import contextmanager
-from concurrent.futures import FIRST_COMPLETED, Executor, wait
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
 from pathlib import Path
 
 from ..store import missing_seconds
 from .execution import execute
 from .jobs import RESULTS, Job, JobResult
+from .plans import run_model_task, unused_planned
 
 __all__ = ["usable_cpus", "expected_seconds", "longest_first", "run_chapters", "run_jobs", "run_grid",
            "dask_executor", "local_workers", "SCHEDULER_TIMEOUT_S"]
@@ -34,9 +35,13 @@ THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"
 
 
 def _use_threads(threads: int) -> None:
-    """In a worker: the kernels it starts (and their PyTorch) use this many threads."""
+    """In a worker: the kernels it starts (and their PyTorch) use this many threads, and so
+    does the worker itself where it makes a planned model (a forked worker inherits the
+    runner's PyTorch with its thread count already set)."""
     for var in THREAD_VARIABLES:
         os.environ[var] = str(threads)
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(threads)
 
 
 def expected_seconds(job: Job) -> float:
@@ -71,66 +76,186 @@ def local_workers(workers: int | None, n_jobs: int) -> int:
 
 
 def run_chapters(jobs: list[Job], workers: int | None = None, *, scheduler: str | None = None,
-                 progress: bool = True) -> list[JobResult]:
+                 progress: bool = True, plans: bool = True) -> list[JobResult]:
     """Run chapters :func:`local_workers` at a time, longest first, each worker's kernels
     with CPUs // workers threads, or, with ``scheduler``, longest first on the Dask cluster
-    at that address; the results come back in the order of ``jobs``."""
+    at that address; the results come back in the order of ``jobs``. With ``plans``, the
+    stored models the chapters that must run will ask for (:mod:`attention_dynamics.book.plans`)
+    are made first, as tasks of their own, and each such chapter starts when its models
+    exist (one worker: each chapter's models right before it)."""
+    planned = planned_models(jobs) if plans else {}
+    n_models = len({t.identity for ts in planned.values() for t in ts})
     if scheduler:
         executor = dask_executor(scheduler)
         line = f"{len(jobs)} chapters on the Dask cluster at {scheduler}, longest first"
     else:
-        workers = local_workers(workers, len(jobs))
+        workers = local_workers(workers, len(jobs) + n_models)
         if workers <= 1:
-            return run_jobs(jobs, progress=progress)
+            return run_jobs(jobs, progress=progress, plans=planned)
         from concurrent.futures import ProcessPoolExecutor
 
         threads = max(1, usable_cpus() // workers)
         executor = ProcessPoolExecutor(max_workers=workers, initializer=_use_threads, initargs=(threads,))
         line = f"{len(jobs)} chapters, {workers} side by side, {threads} thread(s) each"
-    if progress:
-        print(line, flush=True)
     with executor as pool:
-        results = {r.name: r for r in run_jobs(longest_first(jobs), pool, progress=progress)}
+        if planned and getattr(pool, "threads_per_worker", 1) > 1:
+            # two models made at once in one process would share PyTorch's global generator
+            print(f"warning: a Dask worker runs {pool.threads_per_worker} threads; the stored models are left to "
+                  f"their chapters (start the workers with --nthreads 1 to make them as tasks)", flush=True)
+            planned, n_models = {}, 0
+        if progress:
+            print(line + (f"; first {n_models} stored model(s) of {len(planned)} chapter(s), as tasks"
+                          if n_models else ""), flush=True)
+        results = {r.name: r for r in run_jobs(longest_first(jobs), pool, progress=progress, plans=planned)}
     return [results[j.stem] for j in jobs]
+
+
+def planned_models(jobs: list[Job]) -> dict[str, list]:
+    """The plans (:func:`attention_dynamics.book.plans.plan`) of the chapters that will run
+    (a chapter whose outputs are cached needs no model). A plan that cannot be made (a bug in
+    it) is reported and left out: its chapter trains its own models."""
+    from .cache import cache_key, cached_result
+    from .plans import plan
+
+    out = {}
+    for job in jobs:
+        if cached_result(job, cache_key(job))[0] is not None:
+            continue
+        try:
+            tasks = plan(job)
+        except Exception as e:
+            print(f"warning: {job.stem}: its plan failed ({type(e).__name__}: {e}); the chapter makes its own "
+                  f"models", flush=True)
+            continue
+        if tasks:
+            out[job.stem] = tasks
+    return out
 
 
 def _report(i: int, total: int, r: JobResult) -> None:
     print(f"[{i}/{total}] {r.name}: {r.status}" + (f" in {r.seconds:.1f} s" if r.status == "ran" else ""), flush=True)
 
 
-def run_jobs(jobs: list[Job], executor: Executor | None = None, *, progress: bool = True) -> list[JobResult]:
+def _model_failure(f) -> BaseException | None:
+    """Why a model task's future did not give a model (None when it did)."""
+    if f.cancelled():
+        from concurrent.futures import CancelledError
+
+        return CancelledError("cancelled")
+    return f.exception()
+
+
+def _report_model(i: int, total: int, label: str, f) -> None:
+    e = _model_failure(f)
+    if e is not None:
+        print(f"[model {i}/{total}] {label}: failed ({type(e).__name__}: {e}); its chapter will make it", flush=True)
+    else:
+        print(f"[model {i}/{total}] {label}: made in {f.result()[1]:.1f} s", flush=True)
+
+
+def _attach_plans(results: list[JobResult], files: dict[str, str], failed: set[str], needs: dict) -> None:
+    """Each result's planned models (their files) and failed plan tasks; a warning where its
+    plan made models the chapter did not load (the plan's settings drifted from its own)."""
+    for r in results:
+        r.planned = tuple(sorted(files[i] for i in needs.get(r.name, ()) if files.get(i)))
+        r.planned_failed = tuple(sorted(i for i in needs.get(r.name, ()) if i in failed))
+        unused = unused_planned(r)
+        if unused:
+            print(f"warning: {r.name}: its plan made model(s) it did not load ({', '.join(unused)}): the plan's "
+                  f"settings differ from the chapter's (attention_dynamics/book/plans.py)", flush=True)
+
+
+def _one_after_another(jobs: list[Job], progress: bool, plans: dict, order: list[Job]) -> list[JobResult]:
+    """One worker: each chapter after the models its plan names (each made once)."""
+    results, files, failed, needs, made = {}, {}, set(), {}, 0
+    total_models = len({t.identity for ts in plans.values() for t in ts})
+    for i, job in enumerate(jobs, 1):
+        for t in plans.get(job.stem, []):
+            needs.setdefault(job.stem, set()).add(t.identity)
+            if t.identity in files or t.identity in failed:
+                continue
+            f = Future()
+            try:
+                f.set_result(run_model_task(t))
+                files[t.identity] = f.result()[2]
+            except Exception as e:
+                f.set_exception(e)
+                failed.add(t.identity)
+            made += 1
+            if progress:
+                _report_model(made, total_models, t.label, f)
+        r = execute(job, progress_bar=progress and sys.stderr.isatty())
+        results[job.stem] = r
+        if progress:
+            _report(i, len(jobs), r)
+    out = [results[j.stem] for j in order]
+    _attach_plans(out, files, failed, needs)
+    return out
+
+
+def run_jobs(jobs: list[Job], executor: Executor | None = None, *, progress: bool = True,
+             plans: dict[str, list] | None = None, order: list[Job] | None = None) -> list[JobResult]:
     """Run jobs one after another, or on any concurrent.futures executor (a process
     pool, or a Dask cluster's ``client.get_executor()``). Prints one line per finished
     chapter (and, on a terminal, a per-cell bar while one runs). Stops at the first
     failure: jobs not yet started are cancelled, running ones finish, then the failure
-    (with its chapter, cell and cause) is raised."""
-    results: list[JobResult] = []
-    total = len(jobs)
+    (with its chapter, cell and cause) is raised. The results come back in the order of
+    ``order`` (default: of ``jobs``).
+
+    ``plans``: chapter name -> the models to make first
+    (:class:`attention_dynamics.book.plans.ModelTask`); each model is made once, however
+    many chapters plan it. On an executor the tasks are submitted longest path first (each
+    chapter's models, then the chapters that need none) and a chapter when its models are
+    made. A model that fails is reported and left to its chapter, which makes it itself and,
+    if it fails again, says where."""
+    order = order or jobs
+    plans = plans or {}
     if executor is None:
-        for i, job in enumerate(jobs, 1):
-            r = execute(job, progress_bar=progress and sys.stderr.isatty())
-            results.append(r)
-            if progress:
-                _report(i, total, r)
-        return results
-    futures = [executor.submit(execute, job) for job in jobs]
-    done_count = 0
-    pending = set(futures)
+        return _one_after_another(jobs, progress, plans, order)
+    models, needs = {}, {}  # identity -> (task, future); chapter -> identities
+    chapters = {}
+    for job in jobs:  # longest first, as given: a chapter's models, or the chapter itself
+        for t in plans.get(job.stem, []):
+            if t.identity not in models:
+                models[t.identity] = (t, executor.submit(run_model_task, t))
+            needs.setdefault(job.stem, set()).add(t.identity)
+        if not needs.get(job.stem):
+            chapters[job.stem] = executor.submit(execute, job)
+    waiting = [j for j in jobs if needs.get(j.stem)]
+    labels = {f: t.label for t, f in models.values()}
+    pending = set(labels) | set(chapters.values())
+    done_count = made = 0
     while pending:
         # each chapter reported as it finishes (FIRST_EXCEPTION would wait for all of them
         # unless one failed); a failure is seen as soon as its chapter ends either way
         done, pending = wait(pending, return_when=FIRST_COMPLETED)
-        failed = [f for f in done if f.exception() is not None]
+        failed = [f for f in done if f not in labels and (f.cancelled() or f.exception() is not None)]
         if failed:
+            if progress and pending:
+                print(f"a chapter failed; waiting for {len(pending)} running task(s) to stop", flush=True)
             for f in pending:
                 f.cancel()
             wait(pending)  # running jobs finish and clean up after themselves
-            raise failed[0].exception()
+            raise failed[0].exception() if not failed[0].cancelled() else RuntimeError("a chapter was cancelled")
         for f in done:
-            done_count += 1
-            if progress:
-                _report(done_count, total, f.result())
-    return [f.result() for f in futures]
+            if f in labels:
+                made += 1
+                if progress:
+                    _report_model(made, len(labels), labels[f], f)
+            else:
+                done_count += 1
+                if progress:
+                    _report(done_count, len(jobs), f.result())
+        ready = {i for i, (_, f) in models.items() if f.done()}
+        for job in [j for j in waiting if needs[j.stem] <= ready]:
+            waiting.remove(job)
+            chapters[job.stem] = executor.submit(execute, job)
+            pending.add(chapters[job.stem])
+    files = {i: f.result()[2] for i, (_, f) in models.items() if _model_failure(f) is None}
+    broken = {i for i, (_, f) in models.items() if _model_failure(f) is not None}
+    results = [chapters[j.stem].result() for j in order]
+    _attach_plans(results, files, broken, needs)
+    return results
 
 
 SCHEDULER_TIMEOUT_S = 10
@@ -148,7 +273,10 @@ def dask_executor(scheduler: str):
         raise ValueError(f"cannot reach the Dask scheduler at {scheduler} within {SCHEDULER_TIMEOUT_S} s "
                          f"({type(e).__name__})") from None
     with client:
-        yield client.get_executor()
+        executor = client.get_executor()
+        # plans need one thread per worker (models made in one process share its generator)
+        executor.threads_per_worker = max(client.nthreads().values(), default=1)
+        yield executor
 
 
 def run_grid(jobs: list[Job], workers: int | None, scheduler: str | None) -> list[JobResult]:
