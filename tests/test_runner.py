@@ -443,6 +443,35 @@ def test_the_books_chapters_run_on_a_dask_cluster(tmp_path, capsys):
     assert records["tiny"]["values"]["double"] == 6 and records["other"]["values"]["double"] == 14
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_planned_models_go_to_a_dask_cluster_as_tasks(tmp_path, monkeypatch, capsys, threads):
+    """On a Dask cluster of single-threaded workers, a chapter's planned model is a task of
+    its own and the chapter loads it; with two threads a worker, two models made at once
+    would share one process's generator, so the models are left to their chapters."""
+    import functools
+
+    from distributed import LocalCluster
+    from support import MODEL_CELLS, make_probe_model
+
+    from attention_dynamics.book import plans
+    from attention_dynamics.book.scheduling import run_chapters
+
+    monkeypatch.setenv("ATTENTION_DYNAMICS_ARTIFACTS", str(tmp_path / "store"))
+    root = make_root(tmp_path, MODEL_CELLS, name="a", profiles="a:\n  quick: {x: 4}\n  paper: {x: 4}\n")
+    monkeypatch.setitem(plans.PLANNED, "a", lambda p: [plans.ModelTask(f"probe {p['x']}",
+                                                                        functools.partial(make_probe_model, p["x"]))])
+    with LocalCluster(n_workers=1, threads_per_worker=threads, processes=True, dashboard_address=None) as cluster:
+        (r,) = run_chapters(make_jobs(root, "quick", out_dir=tmp_path / "out"), scheduler=cluster.scheduler_address)
+    out = capsys.readouterr().out
+    (model,) = r.record["provenance"]["models"]
+    if threads == 1:
+        assert "first 1 stored model(s) of 1 chapter(s), as tasks" in out and "[model 1/1] probe 4: made in" in out
+        assert model["loaded"] and r.planned == (model["file"],)
+    else:
+        assert "a Dask worker runs 2 threads; the stored models are left to their chapters" in out
+        assert not model["loaded"] and r.planned == () and "[model" not in out
+
+
 def test_each_chapter_is_reported_as_it_finishes(tmp_path, monkeypatch):
     """On an executor, a short chapter's line is printed when it ends, not when the longest
     one does (waiting for the first exception would hold every line to the end)."""
