@@ -2,12 +2,15 @@
 chapter's own seconds and the stored models it used (provenance ``models``, with the seconds
 their training took), scheduled two ways, with the lower bounds no schedule can beat.
 
-- **whole chapters** (what the runner does today, locally or on Dask): longest first; a
-  chapter trains the models it is the first to ask for, and one that asks for a model another
-  worker is training waits for it (the store's lock);
-- **models as tasks** (what splitting the long chapters would give on a cluster): every
-  stored model is a task of its own, longest first, and a chapter starts when its models
-  exist.
+- **whole chapters** (the runner with ``--no-plans``): longest first; a chapter trains the
+  models it is the first to ask for, and one that asks for a model another worker is training
+  waits for it (the store's lock);
+- **models as tasks** (the runner's default, :mod:`attention_dynamics.book.plans`): every
+  stored model is a task of its own and a chapter starts when its models exist; simulated
+  with the longest path to the end first (the runner approximates that order: each
+  chapter's models in the order of the chapters' expected seconds). The records list every
+  model a chapter used, planned or not, and the simulation makes them all tasks: it shows
+  what plans give at best (the fair comparison's test runs, for one, stay in their chapter).
 
 Both on a fresh store (every model made) and, with ``--warm``, on a store that holds them.
 The critical path is the longest chain of tasks that must follow one another; no number of
