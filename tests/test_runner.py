@@ -351,6 +351,16 @@ def test_planned_models_are_made_first_and_their_chapter_loads_them(tmp_path, mo
     assert results[0].planned_failed == () and results[1].planned_failed == (broken.identity,)
     assert [r.record["values"]["x"] for r in results] == [1, 2]
     assert "warning" not in out
+    # the time table counts the model made first, and the critical path runs through it
+    from attention_dynamics.book.timetable import timing_table
+
+    (made_s,) = results[0].planned_seconds
+    table = timing_table(results, 10.0, 2)
+    assert "1 models first" in table and f"{made_s:8.1f}  (made as tasks" in table
+    path = max(made_s + results[0].seconds, results[1].seconds)
+    (bound,) = [line for line in table.splitlines() if line.startswith("bound: longest")]
+    assert float(bound.split()[2]) == round(path, 1) and bound.endswith("a chapter after its longest model)")
+    assert f"{(made_s + sum(r.seconds for r in results)) / 2:8.1f}  (executed now over 2 workers)" in table
 
 
 def test_a_worker_sets_the_threads_of_the_pytorch_it_inherited(monkeypatch):

@@ -153,11 +153,14 @@ def _report_model(i: int, total: int, label: str, f) -> None:
         print(f"[model {i}/{total}] {label}: made in {f.result()[1]:.1f} s", flush=True)
 
 
-def _attach_plans(results: list[JobResult], files: dict[str, str], failed: set[str], needs: dict) -> None:
-    """Each result's planned models (their files) and failed plan tasks; a warning where its
-    plan made models the chapter did not load (the plan's settings drifted from its own)."""
+def _attach_plans(results: list[JobResult], made: dict[str, tuple], failed: set[str], needs: dict) -> None:
+    """Each result's planned models (their files, and the seconds each task took) and failed
+    plan tasks; a warning where its plan made models the chapter did not load (the plan's
+    settings drifted from its own). ``made``: identity -> (label, seconds, file)."""
     for r in results:
-        r.planned = tuple(sorted(files[i] for i in needs.get(r.name, ()) if files.get(i)))
+        mine = sorted((made[i][2], made[i][1]) for i in needs.get(r.name, ()) if i in made and made[i][2])
+        r.planned = tuple(f for f, _ in mine)
+        r.planned_seconds = tuple(t for _, t in mine)
         r.planned_failed = tuple(sorted(i for i in needs.get(r.name, ()) if i in failed))
         unused = unused_planned(r)
         if unused:
@@ -177,7 +180,7 @@ def _one_after_another(jobs: list[Job], progress: bool, plans: dict, order: list
             f = Future()
             try:
                 f.set_result(run_model_task(t))
-                files[t.identity] = f.result()[2]
+                files[t.identity] = f.result()
             except Exception as e:
                 f.set_exception(e)
                 failed.add(t.identity)
@@ -251,7 +254,7 @@ def run_jobs(jobs: list[Job], executor: Executor | None = None, *, progress: boo
             waiting.remove(job)
             chapters[job.stem] = executor.submit(execute, job)
             pending.add(chapters[job.stem])
-    files = {i: f.result()[2] for i, (_, f) in models.items() if _model_failure(f) is None}
+    files = {i: f.result() for i, (_, f) in models.items() if _model_failure(f) is None}
     broken = {i for i, (_, f) in models.items() if _model_failure(f) is not None}
     results = [chapters[j.stem].result() for j in order]
     _attach_plans(results, files, broken, needs)
