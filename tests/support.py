@@ -124,3 +124,20 @@ MODEL_CELLS = [
              "                        modules=['attention_dynamics.stats'])[0]['x']\n"
              "rec.save()", []),
 ]
+
+
+def follow_probe(x: int) -> list:
+    """A follow-up (book.plans.FOLLOW_UPS): the next model's settings read from the stored
+    first one (x -> 10 x), as the fair comparison's test runs follow from its tuning."""
+    import functools
+
+    from attention_dynamics.artifacts import load_or_make
+    from attention_dynamics.book.plans import ModelTask
+
+    first = load_or_make("probe", {"x": x}, lambda: {"x": x}, modules=["attention_dynamics.stats"])[0]["x"]
+    return [ModelTask(f"probe {10 * first}", functools.partial(make_probe_model, 10 * first))]
+
+
+FOLLOW_CELLS = [MODEL_CELLS[0], ("code", MODEL_CELLS[1][1].replace(
+    "rec.save()", "rec['y'] = load_or_make('probe', {'x': 10 * x}, lambda: {'x': 10 * x},\n"
+                  "                        modules=['attention_dynamics.stats'])[0]['x']\nrec.save()"), [])]

@@ -363,6 +363,37 @@ def test_planned_models_are_made_first_and_their_chapter_loads_them(tmp_path, mo
     assert f"{(made_s + sum(r.seconds for r in results)) / 2:8.1f}  (executed now over 2 workers)" in table
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_follow_up_plans_the_models_that_depend_on_the_first_ones(tmp_path, monkeypatch, capsys, workers):
+    """book.plans.FOLLOW_UPS: models whose settings follow from results (here 10 x from the
+    stored first model) are planned by a task once the first models exist, made, and then
+    loaded by the chapter; a follow-up that fails leaves them to the chapter."""
+    import functools
+    from concurrent.futures import ProcessPoolExecutor
+
+    from support import FOLLOW_CELLS, follow_probe, make_probe_model
+
+    from attention_dynamics.book.plans import ModelTask
+    from attention_dynamics.book.scheduling import run_jobs
+
+    monkeypatch.setenv("ATTENTION_DYNAMICS_ARTIFACTS", str(tmp_path / "store"))
+    root = make_root(tmp_path, FOLLOW_CELLS, name="a",
+                     profiles="a:\n  quick: {x: 3}\n  paper: {x: 3}\nb:\n  quick: {x: 4}\n  paper: {x: 4}\n")
+    shutil.copy(root / "notebooks" / "a.ipynb", root / "notebooks" / "b.ipynb")
+    jobs = make_jobs(root, "quick", out_dir=tmp_path / "out")
+    plans = {n: [ModelTask(f"probe {x}", functools.partial(make_probe_model, x))] for n, x in (("a", 3), ("b", 4))}
+    follow = {"a": functools.partial(follow_probe, 3), "b": functools.partial(make_probe_model, 0, fail=True)}
+    with ProcessPoolExecutor(workers) as pool:
+        a, b = run_jobs(jobs, pool if workers > 1 else None, plans=plans, follow_ups=follow)
+    out = capsys.readouterr().out
+    assert "[plan] a: 1 more model(s), from the first ones" in out
+    assert "warning: b: its plan's follow-up failed (RuntimeError: this model cannot be made)" in out
+    assert out.index("probe 30: made in") < out.index("] a: ran")
+    assert [m["loaded"] for m in a.record["provenance"]["models"]] == [True, True] and len(a.planned) == 2
+    assert sorted(m["loaded"] for m in b.record["provenance"]["models"]) == [False, True] and len(b.planned) == 1
+    assert (a.record["values"]["y"], b.record["values"]["y"]) == (30, 40) and "warning: a" not in out
+
+
 def test_a_worker_sets_the_threads_of_the_pytorch_it_inherited(monkeypatch):
     """A forked pool worker inherits the runner's PyTorch with its thread count set: a
     planned model made in the worker itself must use the worker's share of the CPUs."""

@@ -108,7 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted: the outputs of finished chapters are kept, nothing half-written is left", file=sys.stderr)
         return 130
-    workers = None if args.scheduler else local_workers(args.workers, len(results))
+    # the pool's size: one per chapter and per model made first, at most
+    workers = None if args.scheduler else local_workers(
+        args.workers, len(results) + len({f for r in results for f in r.planned}))
     print(timing_table(results, None if args.grid else wall, workers))
     if args.profile == "paper" and not (args.set or args.grid or args.out):
         for line in publish_paper_records(root, results):

@@ -6,9 +6,10 @@ A plan is a head start, never a second source of results: each task calls the ve
 function the chapter calls, with the settings the chapter derives from the same parameters,
 and the model lands in the shared store under the key the chapter asks for. A model a plan
 misses is trained by the chapter itself (slower, the same numbers); a test holds each plan
-to the models its chapter's record says it used. The chapters' own probes and the models
-whose settings depend on results (the wind tunnel's test runs at the rates tuning chose)
-stay inside their chapters.
+to the models its chapter's record says it used. Models whose settings depend on results
+(the fair comparison's test runs, at the rates tuning chose) come from a follow-up, a task
+that reads the plan's first models and applies the chapter's own rule; the chapters' own
+probes stay inside them.
 """
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ from typing import Callable
 
 from .jobs import Job
 
-__all__ = ["ModelTask", "plan", "run_model_task", "unused_planned", "PLANNED", "chapter_parameters"]
+__all__ = ["ModelTask", "plan", "follow_up", "run_model_task", "unused_planned", "PLANNED", "FOLLOW_UPS",
+           "chapter_parameters"]
 
 
 @dataclass(frozen=True)
@@ -127,22 +129,50 @@ def _wt_laws(p: dict) -> list[ModelTask]:
     return _trajectories(p, p["probe_every"], [_main_seed(p), *p["ablation_seeds"]])
 
 
-def _wt_tuned(p: dict) -> list[ModelTask]:
+def _wt_runs(p: dict, runs, what: str) -> list[ModelTask]:
+    """Stored wind-tunnel runs (:func:`attention_dynamics.windtunnel_rates.train_run`), one
+    task per (method, rate, seed) of ``runs``."""
     from ..windtunnel import WindTunnelConfig
     from ..windtunnel_rates import train_run
 
     cfg = WindTunnelConfig.from_dict(p["wind_tunnel"])
-    grids = {"AdamW": p["adamw_lrs"], "EM-style": p["adamw_lrs"], "SGD": p["sgd_lrs"]}
-    return [ModelTask(f"{method} at {lr:g}, tuning seed {s}",
+    return [ModelTask(f"{method} at {lr:g}, {what} seed {s}",
                       functools.partial(train_run, dataclasses.replace(cfg, seed=s), method, lr,
                                         eval_every=p["eval_every"], slow=p["slow"]))
-            for method, lrs in grids.items() for lr in lrs for s in p["tuning_seeds"]]
+            for method, lr, s in runs]
+
+
+def _wt_grids(p: dict) -> dict[str, list[float]]:
+    return {"AdamW": p["adamw_lrs"], "EM-style": p["adamw_lrs"], "SGD": p["sgd_lrs"]}
+
+
+def _wt_tuned(p: dict) -> list[ModelTask]:
+    return _wt_runs(p, [(m, lr, s) for m, lrs in _wt_grids(p).items() for lr in lrs for s in p["tuning_seeds"]],
+                    "tuning")
+
+
+def _wt_tuned_tests(p: dict) -> list[ModelTask]:
+    """The test runs, at the rates tuning chose: read from the stored tuning runs (which the
+    first tasks made), by the chapter's own rule (:mod:`attention_dynamics.wt_tuning`)."""
+    from ..windtunnel import WindTunnelConfig
+    from ..wt_tuning import test_arms, trial, tuned_rates
+
+    run = functools.partial(trial, WindTunnelConfig.from_dict(p["wind_tunnel"]), eval_every=p["eval_every"],
+                            slow=p["slow"])
+    tuning = {m: [run(m, lr, p["tuning_seeds"])[0] for lr in lrs] for m, lrs in _wt_grids(p).items()}
+    arms = test_arms(tuned_rates(tuning))
+    return _wt_runs(p, [(m, lr, s) for m, lr in arms.values() for s in p["test_seeds"]], "test")
 
 
 PLANNED: dict[str, Callable[[dict], list[ModelTask]]] = {
     "sticky_chain_deep": _deep, "inference_primitives": _inference_primitives, "ssm_routing": _ssm_routing,
     "wt_calibration": _wt_calibration, "wt_geometry": _wt_geometry, "wt_laws": _wt_laws, "wt_tuned": _wt_tuned,
 }
+
+
+# Models whose settings depend on results: made when the plan's first tasks are (a task of
+# its own computes them, from the stored models, by the chapter's rule)
+FOLLOW_UPS: dict[str, Callable[[dict], list[ModelTask]]] = {"wt_tuned": _wt_tuned_tests}
 
 
 def chapter_parameters(job: Job) -> dict:
@@ -161,6 +191,13 @@ def plan(job: Job) -> list[ModelTask]:
     without a plan)."""
     maker = PLANNED.get(job.name)
     return maker(chapter_parameters(job)) if maker else []
+
+
+def follow_up(job: Job) -> Callable[[], list[ModelTask]] | None:
+    """For a chapter some of whose models depend on results: a picklable call that, once
+    the plan's first models exist, returns the tasks that make the rest."""
+    maker = FOLLOW_UPS.get(job.name)
+    return functools.partial(maker, chapter_parameters(job)) if maker else None
 
 
 def unused_planned(result) -> list[str]:

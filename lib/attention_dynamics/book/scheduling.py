@@ -83,7 +83,7 @@ def run_chapters(jobs: list[Job], workers: int | None = None, *, scheduler: str 
     stored models the chapters that must run will ask for (:mod:`attention_dynamics.book.plans`)
     are made first, as tasks of their own, and each such chapter starts when its models
     exist (one worker: each chapter's models right before it)."""
-    planned = planned_models(jobs) if plans else {}
+    planned, follow = planned_models(jobs) if plans else ({}, {})
     n_models = len({t.identity for ts in planned.values() for t in ts})
     if scheduler:
         executor = dask_executor(scheduler)
@@ -91,7 +91,7 @@ def run_chapters(jobs: list[Job], workers: int | None = None, *, scheduler: str 
     else:
         workers = local_workers(workers, len(jobs) + n_models)
         if workers <= 1:
-            return run_jobs(jobs, progress=progress, plans=planned)
+            return run_jobs(jobs, progress=progress, plans=planned, follow_ups=follow)
         from concurrent.futures import ProcessPoolExecutor
 
         threads = max(1, usable_cpus() // workers)
@@ -102,34 +102,38 @@ def run_chapters(jobs: list[Job], workers: int | None = None, *, scheduler: str 
             # two models made at once in one process would share PyTorch's global generator
             print(f"warning: a Dask worker runs {pool.threads_per_worker} threads; the stored models are left to "
                   f"their chapters (start the workers with --nthreads 1 to make them as tasks)", flush=True)
-            planned, n_models = {}, 0
+            planned, follow, n_models = {}, {}, 0
         if progress:
             print(line + (f"; first {n_models} stored model(s) of {len(planned)} chapter(s), as tasks"
                           if n_models else ""), flush=True)
-        results = {r.name: r for r in run_jobs(longest_first(jobs), pool, progress=progress, plans=planned)}
+        results = {r.name: r for r in run_jobs(longest_first(jobs), pool, progress=progress, plans=planned,
+                                               follow_ups=follow)}
     return [results[j.stem] for j in jobs]
 
 
-def planned_models(jobs: list[Job]) -> dict[str, list]:
-    """The plans (:func:`attention_dynamics.book.plans.plan`) of the chapters that will run
-    (a chapter whose outputs are cached needs no model). A plan that cannot be made (a bug in
+def planned_models(jobs: list[Job]) -> tuple[dict[str, list], dict[str, object]]:
+    """The plans (:func:`attention_dynamics.book.plans.plan`) and follow-ups
+    (:func:`~attention_dynamics.book.plans.follow_up`) of the chapters that will run (a
+    chapter whose outputs are cached needs no model). A plan that cannot be made (a bug in
     it) is reported and left out: its chapter trains its own models."""
     from .cache import cache_key, cached_result
-    from .plans import plan
+    from .plans import follow_up, plan
 
-    out = {}
+    tasks, follow = {}, {}
     for job in jobs:
         if cached_result(job, cache_key(job))[0] is not None:
             continue
         try:
-            tasks = plan(job)
+            mine, then = plan(job), follow_up(job)
         except Exception as e:
             print(f"warning: {job.stem}: its plan failed ({type(e).__name__}: {e}); the chapter makes its own "
                   f"models", flush=True)
             continue
-        if tasks:
-            out[job.stem] = tasks
-    return out
+        if mine:
+            tasks[job.stem] = mine
+        if then is not None:
+            follow[job.stem] = then
+    return tasks, follow
 
 
 def _report(i: int, total: int, r: JobResult) -> None:
@@ -168,36 +172,57 @@ def _attach_plans(results: list[JobResult], made: dict[str, tuple], failed: set[
                   f"settings differ from the chapter's (attention_dynamics/book/plans.py)", flush=True)
 
 
-def _one_after_another(jobs: list[Job], progress: bool, plans: dict, order: list[Job]) -> list[JobResult]:
+def _expand(stem: str, then, progress: bool) -> list:
+    """A chapter's follow-up, run here: the further models' tasks, or none if it fails."""
+    try:
+        more = then()
+    except Exception as e:
+        print(f"warning: {stem}: its plan's follow-up failed ({type(e).__name__}: {e}); the chapter makes the "
+              f"rest of its models", flush=True)
+        return []
+    if progress:
+        print(f"[plan] {stem}: {len(more)} more model(s), from the first ones", flush=True)
+    return more
+
+
+def _one_after_another(jobs: list[Job], progress: bool, plans: dict, follow_ups: dict,
+                       order: list[Job]) -> list[JobResult]:
     """One worker: each chapter after the models its plan names (each made once)."""
-    results, files, failed, needs, made = {}, {}, set(), {}, 0
-    total_models = len({t.identity for ts in plans.values() for t in ts})
+    results, made, failed, needs, count = {}, {}, set(), {}, 0
+    known = {t.identity for ts in plans.values() for t in ts}
     for i, job in enumerate(jobs, 1):
-        for t in plans.get(job.stem, []):
-            needs.setdefault(job.stem, set()).add(t.identity)
-            if t.identity in files or t.identity in failed:
-                continue
-            f = Future()
-            try:
-                f.set_result(run_model_task(t))
-                files[t.identity] = f.result()
-            except Exception as e:
-                f.set_exception(e)
-                failed.add(t.identity)
-            made += 1
-            if progress:
-                _report_model(made, total_models, t.label, f)
+        stages = [plans.get(job.stem, [])]
+        if job.stem in follow_ups:
+            stages.append(None)  # computed once the first stage is made
+        for stage in stages:
+            tasks = stage if stage is not None else _expand(job.stem, follow_ups[job.stem], progress)
+            known |= {t.identity for t in tasks}
+            for t in tasks:
+                needs.setdefault(job.stem, set()).add(t.identity)
+                if t.identity in made or t.identity in failed:
+                    continue
+                f = Future()
+                try:
+                    f.set_result(run_model_task(t))
+                    made[t.identity] = f.result()
+                except Exception as e:
+                    f.set_exception(e)
+                    failed.add(t.identity)
+                count += 1
+                if progress:
+                    _report_model(count, len(known), t.label, f)
         r = execute(job, progress_bar=progress and sys.stderr.isatty())
         results[job.stem] = r
         if progress:
             _report(i, len(jobs), r)
     out = [results[j.stem] for j in order]
-    _attach_plans(out, files, failed, needs)
+    _attach_plans(out, made, failed, needs)
     return out
 
 
 def run_jobs(jobs: list[Job], executor: Executor | None = None, *, progress: bool = True,
-             plans: dict[str, list] | None = None, order: list[Job] | None = None) -> list[JobResult]:
+             plans: dict[str, list] | None = None, follow_ups: dict | None = None,
+             order: list[Job] | None = None) -> list[JobResult]:
     """Run jobs one after another, or on any concurrent.futures executor (a process
     pool, or a Dask cluster's ``client.get_executor()``). Prints one line per finished
     chapter (and, on a terminal, a per-cell bar while one runs). Stops at the first
@@ -207,32 +232,61 @@ def run_jobs(jobs: list[Job], executor: Executor | None = None, *, progress: boo
 
     ``plans``: chapter name -> the models to make first
     (:class:`attention_dynamics.book.plans.ModelTask`); each model is made once, however
-    many chapters plan it. On an executor the tasks are submitted longest path first (each
-    chapter's models, then the chapters that need none) and a chapter when its models are
+    many chapters plan it. ``follow_ups``: chapter name -> a call that returns more tasks
+    once that chapter's first models exist (models whose settings depend on results). On
+    an executor the tasks go out in the order of ``jobs`` (longest first: each chapter's
+    models, or the chapter itself when it needs none), and a chapter when its models are
     made. A model that fails is reported and left to its chapter, which makes it itself and,
     if it fails again, says where."""
     order = order or jobs
-    plans = plans or {}
+    plans, follow = plans or {}, dict(follow_ups or {})
     if executor is None:
-        return _one_after_another(jobs, progress, plans, order)
-    models, needs = {}, {}  # identity -> (task, future); chapter -> identities
-    chapters = {}
-    for job in jobs:  # longest first, as given: a chapter's models, or the chapter itself
-        for t in plans.get(job.stem, []):
+        return _one_after_another(jobs, progress, plans, follow, order)
+    models, needs, labels, chapters, expanding = {}, {}, {}, {}, {}
+    pending = set()
+
+    def submit_models(stem, tasks):
+        for t in tasks:
             if t.identity not in models:
                 models[t.identity] = (t, executor.submit(run_model_task, t))
-            needs.setdefault(job.stem, set()).add(t.identity)
-        if not needs.get(job.stem):
+                labels[models[t.identity][1]] = t.label
+                pending.add(models[t.identity][1])
+            needs.setdefault(stem, set()).add(t.identity)
+
+    waiting = []
+    for job in jobs:  # longest first, as given: a chapter's models, or the chapter itself
+        submit_models(job.stem, plans.get(job.stem, []))
+        if needs.get(job.stem) or job.stem in follow:
+            waiting.append(job)
+        else:
             chapters[job.stem] = executor.submit(execute, job)
-    waiting = [j for j in jobs if needs.get(j.stem)]
-    labels = {f: t.label for t, f in models.values()}
-    pending = set(labels) | set(chapters.values())
+            pending.add(chapters[job.stem])
+
+    def release():
+        """Submit what has become possible: a follow-up once its chapter's first models
+        exist, a chapter once all its models do."""
+        ready = {i for i, (_, f) in models.items() if f.done()}
+        for job in list(waiting):
+            if not needs.get(job.stem, set()) <= ready or job.stem in expanding.values():
+                continue
+            if job.stem in follow:
+                f = executor.submit(follow.pop(job.stem))
+                expanding[f] = job.stem
+                pending.add(f)
+                continue
+            waiting.remove(job)
+            chapters[job.stem] = executor.submit(execute, job)
+            pending.add(chapters[job.stem])
+
+    release()
     done_count = made = 0
     while pending:
         # each chapter reported as it finishes (FIRST_EXCEPTION would wait for all of them
         # unless one failed); a failure is seen as soon as its chapter ends either way
-        done, pending = wait(pending, return_when=FIRST_COMPLETED)
-        failed = [f for f in done if f not in labels and (f.cancelled() or f.exception() is not None)]
+        done, _ = wait(pending, return_when=FIRST_COMPLETED)
+        pending -= done
+        failed = [f for f in done if f not in labels and f not in expanding
+                  and (f.cancelled() or f.exception() is not None)]
         if failed:
             if progress and pending:
                 print(f"a chapter failed; waiting for {len(pending)} running task(s) to stop", flush=True)
@@ -245,19 +299,25 @@ def run_jobs(jobs: list[Job], executor: Executor | None = None, *, progress: boo
                 made += 1
                 if progress:
                     _report_model(made, len(labels), labels[f], f)
+            elif f in expanding:
+                stem = expanding.pop(f)
+                if _model_failure(f) is not None:
+                    e = _model_failure(f)
+                    print(f"warning: {stem}: its plan's follow-up failed ({type(e).__name__}: {e}); the chapter "
+                          f"makes the rest of its models", flush=True)
+                    continue
+                if progress:
+                    print(f"[plan] {stem}: {len(f.result())} more model(s), from the first ones", flush=True)
+                submit_models(stem, f.result())
             else:
                 done_count += 1
                 if progress:
                     _report(done_count, len(jobs), f.result())
-        ready = {i for i, (_, f) in models.items() if f.done()}
-        for job in [j for j in waiting if needs[j.stem] <= ready]:
-            waiting.remove(job)
-            chapters[job.stem] = executor.submit(execute, job)
-            pending.add(chapters[job.stem])
-    files = {i: f.result() for i, (_, f) in models.items() if _model_failure(f) is None}
+        release()
+    made_ok = {i: f.result() for i, (_, f) in models.items() if _model_failure(f) is None}
     broken = {i for i, (_, f) in models.items() if _model_failure(f) is not None}
     results = [chapters[j.stem].result() for j in order]
-    _attach_plans(results, files, broken, needs)
+    _attach_plans(results, made_ok, broken, needs)
     return results
 
 
