@@ -72,12 +72,15 @@ def test_every_plan_makes_models_its_chapter_then_loads(quick_runs):
     one its chapter then loaded. A plan whose settings drifted from its chapter's would make
     models nobody loads (and the chapter would train its own)."""
     from attention_dynamics.book.jobs import JobResult
-    from attention_dynamics.book.plans import PLANNED, unused_planned
+    from attention_dynamics.book.plans import FOLLOW_UPS, PLANNED, unused_planned
 
     for name in PLANNED:
         planned, failed = quick_runs.planned[name]
         assert planned and not failed, f"{name}: its plan made {planned}, and failed at {failed}"
         assert not unused_planned(JobResult(name, "ran", 0.0, quick_runs(name), planned)), name
+    for name in FOLLOW_UPS:  # a follow-up plans the rest: the chapter trains nothing itself
+        trained = [m["file"] for m in quick_runs(name)["provenance"]["models"] if not m["loaded"]]
+        assert not trained, f"{name} trained {trained} itself: its plan's follow-up missed them"
 
 
 def test_every_number_glued_into_the_text_is_recorded(root, quick_runs):

@@ -351,16 +351,6 @@ def test_planned_models_are_made_first_and_their_chapter_loads_them(tmp_path, mo
     assert results[0].planned_failed == () and results[1].planned_failed == (broken.identity,)
     assert [r.record["values"]["x"] for r in results] == [1, 2]
     assert "warning" not in out
-    # the time table counts the model made first, and the critical path runs through it
-    from attention_dynamics.book.timetable import timing_table
-
-    (made_s,) = results[0].planned_seconds
-    table = timing_table(results, 10.0, 2)
-    assert "1 models first" in table and f"{made_s:8.1f}  (made as tasks" in table
-    path = max(made_s + results[0].seconds, results[1].seconds)
-    (bound,) = [line for line in table.splitlines() if line.startswith("bound: longest")]
-    assert float(bound.split()[2]) == round(path, 1) and bound.endswith("a chapter after its longest model)")
-    assert f"{(made_s + sum(r.seconds for r in results)) / 2:8.1f}  (executed now over 2 workers)" in table
 
 
 @pytest.mark.parametrize("workers", [1, 2])
@@ -392,6 +382,23 @@ def test_a_follow_up_plans_the_models_that_depend_on_the_first_ones(tmp_path, mo
     assert [m["loaded"] for m in a.record["provenance"]["models"]] == [True, True] and len(a.planned) == 2
     assert sorted(m["loaded"] for m in b.record["provenance"]["models"]) == [False, True] and len(b.planned) == 1
     assert (a.record["values"]["y"], b.record["values"]["y"]) == (30, 40) and "warning: a" not in out
+
+
+def test_the_time_table_counts_models_made_first_and_the_path_through_them():
+    """Made-up results: a (2 s) after its model (5 s), b (6 s) with none; the critical path
+    is a after its model, 7 s, not b's 6 s, and the even bound spreads all 13 s."""
+    from attention_dynamics.book.jobs import JobResult
+    from attention_dynamics.book.timetable import timing_table
+
+    results = [JobResult("a", "ran", 2.0, {"provenance": {"seconds": 2.0, "threads": 1}}, ("m.pt",), (), (5.0,)),
+               JobResult("b", "ran", 6.0, {"provenance": {"seconds": 6.0, "threads": 1}})]
+    lines = {line.split("  ")[0]: line for line in timing_table(results, 9.0, 2).splitlines()}
+    assert float(lines["1 models first"].split()[3]) == 5.0
+    assert float(lines["executed now"].split()[2]) == 13.0
+    assert float(lines["bound: longest"].split()[2]) == 7.0 and "after its longest model" in lines["bound: longest"]
+    assert float(lines["bound: even"].split()[2]) == 6.5
+    plain = timing_table([results[1]], 9.0, 1)  # no model made first: whole chapters
+    assert "models first" not in plain and "the critical path of whole chapters" in plain
 
 
 def test_a_worker_sets_the_threads_of_the_pytorch_it_inherited(monkeypatch):

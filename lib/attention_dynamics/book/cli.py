@@ -108,9 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted: the outputs of finished chapters are kept, nothing half-written is left", file=sys.stderr)
         return 130
-    # the pool's size: one per chapter and per model made first, at most
-    workers = None if args.scheduler else local_workers(
-        args.workers, len(results) + len({f for r in results for f in r.planned}))
+    workers = getattr(results, "workers", None) if not args.grid else \
+        (None if args.scheduler else local_workers(args.workers, len(results)))
     print(timing_table(results, None if args.grid else wall, workers))
     if args.profile == "paper" and not (args.set or args.grid or args.out):
         for line in publish_paper_records(root, results):

@@ -182,8 +182,12 @@ def chapter_parameters(job: Job) -> dict:
 
     import papermill as pm
 
+    from .parameters import check_values, declared_chapters
+
     defaults = {name: ast.literal_eval(p["default"]) for name, p in pm.inspect_notebook(str(job.notebook)).items()}
-    return defaults | dict(job.parameters)
+    values = defaults | dict(job.parameters)
+    # as the notebook reads them (start_chapter checks them so): 3 as a rate becomes 3.0
+    return values | check_values(job.name, values) if job.name in declared_chapters() else values
 
 
 def plan(job: Job) -> list[ModelTask]:

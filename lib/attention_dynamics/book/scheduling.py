@@ -89,16 +89,17 @@ def run_chapters(jobs: list[Job], workers: int | None = None, *, scheduler: str 
         executor = dask_executor(scheduler)
         line = f"{len(jobs)} chapters on the Dask cluster at {scheduler}, longest first"
     else:
-        workers = local_workers(workers, len(jobs) + n_models)
+        # one per chapter and per model made first; a follow-up's models are not known yet
+        workers = local_workers(workers, len(jobs) + n_models + (usable_cpus() if follow else 0))
         if workers <= 1:
-            return run_jobs(jobs, progress=progress, plans=planned, follow_ups=follow)
+            return Results(run_jobs(jobs, progress=progress, plans=planned, follow_ups=follow), workers=1)
         from concurrent.futures import ProcessPoolExecutor
 
         threads = max(1, usable_cpus() // workers)
         executor = ProcessPoolExecutor(max_workers=workers, initializer=_use_threads, initargs=(threads,))
         line = f"{len(jobs)} chapters, {workers} side by side, {threads} thread(s) each"
     with executor as pool:
-        if planned and getattr(pool, "threads_per_worker", 1) > 1:
+        if (planned or follow) and getattr(pool, "threads_per_worker", 1) > 1:
             # two models made at once in one process would share PyTorch's global generator
             print(f"warning: a Dask worker runs {pool.threads_per_worker} threads; the stored models are left to "
                   f"their chapters (start the workers with --nthreads 1 to make them as tasks)", flush=True)
@@ -108,7 +109,15 @@ def run_chapters(jobs: list[Job], workers: int | None = None, *, scheduler: str 
                           if n_models else ""), flush=True)
         results = {r.name: r for r in run_jobs(longest_first(jobs), pool, progress=progress, plans=planned,
                                                follow_ups=follow)}
-    return [results[j.stem] for j in jobs]
+    return Results([results[j.stem] for j in jobs], workers=None if scheduler else workers)
+
+
+class Results(list):
+    """The chapters' results in book order, with the local pool's size (None on Dask)."""
+
+    def __init__(self, results, *, workers: int | None):
+        super().__init__(results)
+        self.workers = workers
 
 
 def planned_models(jobs: list[Job]) -> tuple[dict[str, list], dict[str, object]]:
@@ -149,6 +158,13 @@ def _model_failure(f) -> BaseException | None:
     return f.exception()
 
 
+def _result_or_raise(f):
+    e = _model_failure(f)
+    if e is not None:
+        raise e
+    return f.result()
+
+
 def _report_model(i: int, total: int, label: str, f) -> None:
     e = _model_failure(f)
     if e is not None:
@@ -172,10 +188,15 @@ def _attach_plans(results: list[JobResult], made: dict[str, tuple], failed: set[
                   f"settings differ from the chapter's (attention_dynamics/book/plans.py)", flush=True)
 
 
-def _expand(stem: str, then, progress: bool) -> list:
-    """A chapter's follow-up, run here: the further models' tasks, or none if it fails."""
+def _follow_up_tasks(stem: str, get, progress: bool) -> list:
+    """The tasks a chapter's follow-up gave (``get()`` returns them or raises): checked to be
+    model tasks; none, with a warning, where it failed or gave something else."""
+    from .plans import ModelTask
+
     try:
-        more = then()
+        more = list(get())
+        if not all(isinstance(t, ModelTask) for t in more):
+            raise TypeError("it gave something other than model tasks")
     except Exception as e:
         print(f"warning: {stem}: its plan's follow-up failed ({type(e).__name__}: {e}); the chapter makes the "
               f"rest of its models", flush=True)
@@ -195,7 +216,11 @@ def _one_after_another(jobs: list[Job], progress: bool, plans: dict, follow_ups:
         if job.stem in follow_ups:
             stages.append(None)  # computed once the first stage is made
         for stage in stages:
-            tasks = stage if stage is not None else _expand(job.stem, follow_ups[job.stem], progress)
+            if stage is None and needs.get(job.stem, set()) & failed:
+                print(f"warning: {job.stem}: some of its first models failed; its plan's follow-up is left to "
+                      f"the chapter", flush=True)
+                break
+            tasks = stage if stage is not None else _follow_up_tasks(job.stem, follow_ups[job.stem], progress)
             known |= {t.identity for t in tasks}
             for t in tasks:
                 needs.setdefault(job.stem, set()).add(t.identity)
@@ -270,10 +295,15 @@ def run_jobs(jobs: list[Job], executor: Executor | None = None, *, progress: boo
             if not needs.get(job.stem, set()) <= ready or job.stem in expanding.values():
                 continue
             if job.stem in follow:
-                f = executor.submit(follow.pop(job.stem))
-                expanding[f] = job.stem
-                pending.add(f)
-                continue
+                then = follow.pop(job.stem)
+                if any(_model_failure(models[i][1]) is not None for i in needs.get(job.stem, ())):
+                    print(f"warning: {job.stem}: some of its first models failed; its plan's follow-up is left "
+                          f"to the chapter", flush=True)
+                else:
+                    f = executor.submit(then)
+                    expanding[f] = job.stem
+                    pending.add(f)
+                    continue
             waiting.remove(job)
             chapters[job.stem] = executor.submit(execute, job)
             pending.add(chapters[job.stem])
@@ -301,14 +331,7 @@ def run_jobs(jobs: list[Job], executor: Executor | None = None, *, progress: boo
                     _report_model(made, len(labels), labels[f], f)
             elif f in expanding:
                 stem = expanding.pop(f)
-                if _model_failure(f) is not None:
-                    e = _model_failure(f)
-                    print(f"warning: {stem}: its plan's follow-up failed ({type(e).__name__}: {e}); the chapter "
-                          f"makes the rest of its models", flush=True)
-                    continue
-                if progress:
-                    print(f"[plan] {stem}: {len(f.result())} more model(s), from the first ones", flush=True)
-                submit_models(stem, f.result())
+                submit_models(stem, _follow_up_tasks(stem, lambda: _result_or_raise(f), progress))
             else:
                 done_count += 1
                 if progress:
