@@ -528,7 +528,7 @@ def test_each_chapter_is_reported_as_it_finishes(tmp_path, monkeypatch):
 
     from support import make_root
 
-    from attention_dynamics.book import scheduling
+    from attention_dynamics.book import dispatch, scheduling
 
     cells = [("code", 'wait = 0.0\nrecord_path = ""\nprofile = "paper"', ["parameters"]),
              ("code", "import time\nfrom attention_dynamics.book.records import Record\n"
@@ -538,7 +538,7 @@ def test_each_chapter_is_reported_as_it_finishes(tmp_path, monkeypatch):
                               "slow_one:\n  quick: {wait: 8.0}\n  paper: {wait: 8.0}\n")
     shutil.copy(root / "notebooks" / "quick_one.ipynb", root / "notebooks" / "slow_one.ipynb")
     reported = {}
-    monkeypatch.setattr(scheduling, "_report", lambda i, total, r: reported.setdefault(r.name, time.perf_counter()))
+    monkeypatch.setattr(dispatch, "report", lambda i, total, r: reported.setdefault(r.name, time.perf_counter()))
     jobs = make_jobs(root, "quick", out_dir=tmp_path / "out")
     with ProcessPoolExecutor(max_workers=2) as pool:
         scheduling.run_jobs(jobs, pool)

@@ -60,7 +60,7 @@ Support
     sources         which library source files a computation depends on (cache keys)
 
 The book machinery lives apart, in attention_dynamics.book (the runner: cli, jobs, cache,
-execution, plans, scheduling, timetable, publishing; and profiles, parameters, provenance, records,
+execution, plans, dispatch, scheduling, timetable, publishing; and profiles, parameters, provenance, records,
 scorecard, render, compare, build); a reader of the science never needs to open it.
 """
 __version__ = "0.2.0"

@@ -12,13 +12,12 @@ import json
 import os
 import sys
 from contextlib import contextmanager
-from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
+from concurrent.futures import Executor
 from pathlib import Path
 
 from ..store import missing_seconds
-from .execution import execute
 from .jobs import RESULTS, Job, JobResult
-from .plans import run_model_task, unused_planned
+from .dispatch import Dispatch, one_after_another
 
 __all__ = ["usable_cpus", "expected_seconds", "longest_first", "run_chapters", "run_jobs", "run_grid",
            "dask_executor", "local_workers", "SCHEDULER_TIMEOUT_S"]
@@ -145,106 +144,6 @@ def planned_models(jobs: list[Job]) -> tuple[dict[str, list], dict[str, object]]
     return tasks, follow
 
 
-def _report(i: int, total: int, r: JobResult) -> None:
-    print(f"[{i}/{total}] {r.name}: {r.status}" + (f" in {r.seconds:.1f} s" if r.status == "ran" else ""), flush=True)
-
-
-def _model_failure(f) -> BaseException | None:
-    """Why a model task's future did not give a model (None when it did)."""
-    if f.cancelled():
-        from concurrent.futures import CancelledError
-
-        return CancelledError("cancelled")
-    return f.exception()
-
-
-def _result_or_raise(f):
-    e = _model_failure(f)
-    if e is not None:
-        raise e
-    return f.result()
-
-
-def _report_model(i: int, total: int, label: str, f) -> None:
-    e = _model_failure(f)
-    if e is not None:
-        print(f"[model {i}/{total}] {label}: failed ({type(e).__name__}: {e}); its chapter will make it", flush=True)
-    else:
-        print(f"[model {i}/{total}] {label}: made in {f.result()[1]:.1f} s", flush=True)
-
-
-def _attach_plans(results: list[JobResult], made: dict[str, tuple], failed: set[str], needs: dict) -> None:
-    """Each result's planned models (their files, and the seconds each task took) and failed
-    plan tasks; a warning where its plan made models the chapter did not load (the plan's
-    settings drifted from its own). ``made``: identity -> (label, seconds, file)."""
-    for r in results:
-        mine = sorted((made[i][2], made[i][1]) for i in needs.get(r.name, ()) if i in made and made[i][2])
-        r.planned = tuple(f for f, _ in mine)
-        r.planned_seconds = tuple(t for _, t in mine)
-        r.planned_failed = tuple(sorted(i for i in needs.get(r.name, ()) if i in failed))
-        unused = unused_planned(r)
-        if unused:
-            print(f"warning: {r.name}: its plan made model(s) it did not load ({', '.join(unused)}): the plan's "
-                  f"settings differ from the chapter's (attention_dynamics/book/plans.py)", flush=True)
-
-
-def _follow_up_tasks(stem: str, get, progress: bool) -> list:
-    """The tasks a chapter's follow-up gave (``get()`` returns them or raises): checked to be
-    model tasks; none, with a warning, where it failed or gave something else."""
-    from .plans import ModelTask
-
-    try:
-        more = list(get())
-        if not all(isinstance(t, ModelTask) for t in more):
-            raise TypeError("it gave something other than model tasks")
-    except Exception as e:
-        print(f"warning: {stem}: its plan's follow-up failed ({type(e).__name__}: {e}); the chapter makes the "
-              f"rest of its models", flush=True)
-        return []
-    if progress:
-        print(f"[plan] {stem}: {len(more)} more model(s), from the first ones", flush=True)
-    return more
-
-
-def _one_after_another(jobs: list[Job], progress: bool, plans: dict, follow_ups: dict,
-                       order: list[Job]) -> list[JobResult]:
-    """One worker: each chapter after the models its plan names (each made once)."""
-    results, made, failed, needs, count = {}, {}, set(), {}, 0
-    known = {t.identity for ts in plans.values() for t in ts}
-    for i, job in enumerate(jobs, 1):
-        stages = [plans.get(job.stem, [])]
-        if job.stem in follow_ups:
-            stages.append(None)  # computed once the first stage is made
-        for stage in stages:
-            if stage is None and needs.get(job.stem, set()) & failed:
-                print(f"warning: {job.stem}: some of its first models failed; its plan's follow-up is left to "
-                      f"the chapter", flush=True)
-                break
-            tasks = stage if stage is not None else _follow_up_tasks(job.stem, follow_ups[job.stem], progress)
-            known |= {t.identity for t in tasks}
-            for t in tasks:
-                needs.setdefault(job.stem, set()).add(t.identity)
-                if t.identity in made or t.identity in failed:
-                    continue
-                f = Future()
-                try:
-                    f.set_result(run_model_task(t))
-                    made[t.identity] = f.result()
-                except Exception as e:
-                    f.set_exception(e)
-                    failed.add(t.identity)
-                count += 1
-                if progress:
-                    _report_model(count, len(known), t.label, f)
-        r = execute(job, progress_bar=progress and sys.stderr.isatty())
-        results[job.stem] = r
-        if progress:
-            _report(i, len(jobs), r)
-    out = [results[j.stem] for j in order]
-    _attach_plans(out, made, failed, needs)
-    return out
-
-
 def run_jobs(jobs: list[Job], executor: Executor | None = None, *, progress: bool = True,
              plans: dict[str, list] | None = None, follow_ups: dict | None = None,
              order: list[Job] | None = None) -> list[JobResult]:
@@ -256,92 +155,15 @@ def run_jobs(jobs: list[Job], executor: Executor | None = None, *, progress: boo
     ``order`` (default: of ``jobs``).
 
     ``plans``: chapter name -> the models to make first
-    (:class:`attention_dynamics.book.plans.ModelTask`); each model is made once, however
-    many chapters plan it. ``follow_ups``: chapter name -> a call that returns more tasks
-    once that chapter's first models exist (models whose settings depend on results). On
-    an executor the tasks go out in the order of ``jobs`` (longest first: each chapter's
-    models, or the chapter itself when it needs none), and a chapter when its models are
-    made. A model that fails is reported and left to its chapter, which makes it itself and,
-    if it fails again, says where."""
+    (:class:`attention_dynamics.book.plans.ModelTask`), each made once however many
+    chapters plan it; ``follow_ups``: chapter name -> a call that returns more tasks once
+    that chapter's first models exist (:mod:`attention_dynamics.book.dispatch`). A model
+    that fails is reported and left to its chapter, which makes it itself and, if it fails
+    again, says where."""
     order = order or jobs
-    plans, follow = plans or {}, dict(follow_ups or {})
     if executor is None:
-        return _one_after_another(jobs, progress, plans, follow, order)
-    models, needs, labels, chapters, expanding = {}, {}, {}, {}, {}
-    pending = set()
-
-    def submit_models(stem, tasks):
-        for t in tasks:
-            if t.identity not in models:
-                models[t.identity] = (t, executor.submit(run_model_task, t))
-                labels[models[t.identity][1]] = t.label
-                pending.add(models[t.identity][1])
-            needs.setdefault(stem, set()).add(t.identity)
-
-    waiting = []
-    for job in jobs:  # longest first, as given: a chapter's models, or the chapter itself
-        submit_models(job.stem, plans.get(job.stem, []))
-        if needs.get(job.stem) or job.stem in follow:
-            waiting.append(job)
-        else:
-            chapters[job.stem] = executor.submit(execute, job)
-            pending.add(chapters[job.stem])
-
-    def release():
-        """Submit what has become possible: a follow-up once its chapter's first models
-        exist, a chapter once all its models do."""
-        ready = {i for i, (_, f) in models.items() if f.done()}
-        for job in list(waiting):
-            if not needs.get(job.stem, set()) <= ready or job.stem in expanding.values():
-                continue
-            if job.stem in follow:
-                then = follow.pop(job.stem)
-                if any(_model_failure(models[i][1]) is not None for i in needs.get(job.stem, ())):
-                    print(f"warning: {job.stem}: some of its first models failed; its plan's follow-up is left "
-                          f"to the chapter", flush=True)
-                else:
-                    f = executor.submit(then)
-                    expanding[f] = job.stem
-                    pending.add(f)
-                    continue
-            waiting.remove(job)
-            chapters[job.stem] = executor.submit(execute, job)
-            pending.add(chapters[job.stem])
-
-    release()
-    done_count = made = 0
-    while pending:
-        # each chapter reported as it finishes (FIRST_EXCEPTION would wait for all of them
-        # unless one failed); a failure is seen as soon as its chapter ends either way
-        done, _ = wait(pending, return_when=FIRST_COMPLETED)
-        pending -= done
-        failed = [f for f in done if f not in labels and f not in expanding
-                  and (f.cancelled() or f.exception() is not None)]
-        if failed:
-            if progress and pending:
-                print(f"a chapter failed; waiting for {len(pending)} running task(s) to stop", flush=True)
-            for f in pending:
-                f.cancel()
-            wait(pending)  # running jobs finish and clean up after themselves
-            raise failed[0].exception() if not failed[0].cancelled() else RuntimeError("a chapter was cancelled")
-        for f in done:
-            if f in labels:
-                made += 1
-                if progress:
-                    _report_model(made, len(labels), labels[f], f)
-            elif f in expanding:
-                stem = expanding.pop(f)
-                submit_models(stem, _follow_up_tasks(stem, lambda: _result_or_raise(f), progress))
-            else:
-                done_count += 1
-                if progress:
-                    _report(done_count, len(jobs), f.result())
-        release()
-    made_ok = {i: f.result() for i, (_, f) in models.items() if _model_failure(f) is None}
-    broken = {i for i, (_, f) in models.items() if _model_failure(f) is not None}
-    results = [chapters[j.stem].result() for j in order]
-    _attach_plans(results, made_ok, broken, needs)
-    return results
+        return one_after_another(jobs, progress, plans or {}, dict(follow_ups or {}), order)
+    return Dispatch(executor, jobs, plans or {}, dict(follow_ups or {}), progress).run(order)
 
 
 SCHEDULER_TIMEOUT_S = 10
