@@ -23,6 +23,10 @@ __all__ = ["execute", "KERNEL_ARGUMENTS"]
 # ERROR for the interrupt jupyter_client sends before every shutdown: both would print once
 # per chapter. A failing cell still reaches the reader, through papermill's exception.
 KERNEL_ARGUMENTS = ["--IPKernelApp.log_level=CRITICAL"]
+# papermill gives a kernel 60 s to start; on a loaded machine (four processes on two cores,
+# 2026-12-02) one took longer and the chapter failed in "start-up". Waiting longer costs a
+# healthy start nothing.
+KERNEL_START_TIMEOUT_S = 300
 
 
 def execute(job: Job, progress_bar: bool = False) -> JobResult:
@@ -51,7 +55,8 @@ def execute(job: Job, progress_bar: bool = False) -> JobResult:
         try:
             pm.execute_notebook(job.notebook, str(tmp_nb), parameters=params, kernel_name="python3",
                                 cwd=str(Path(job.notebook).parent), progress_bar=bar,
-                                request_save_on_cell_execute=False, extra_arguments=KERNEL_ARGUMENTS)
+                                request_save_on_cell_execute=False, extra_arguments=KERNEL_ARGUMENTS,
+                                start_timeout=KERNEL_START_TIMEOUT_S)
         except pm.PapermillExecutionError as e:
             frames = [_strip_ansi(t) for t in (e.traceback or []) if "Cell In[" in _strip_ansi(t)]
             tail = frames[-1].splitlines()[0] if frames else ""
