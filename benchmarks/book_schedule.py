@@ -31,6 +31,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from attention_dynamics.store import own_seconds, recorded_models
+
 
 @dataclass
 class Chapter:
@@ -46,12 +48,10 @@ def read_chapters(folder: Path) -> tuple[list[Chapter], set[str]]:
         prov = json.loads(path.read_text(encoding="utf-8")).get("provenance", {})
         if "seconds" not in prov:
             continue
-        models = prov.get("models")
-        if models is None:
+        if "models" not in prov:
             sys.exit(f"{path.name} has no list of stored models (a record from before they were recorded)")
-        made_here = sum(m["seconds"] for m in models if not m["loaded"])
-        chapters.append(Chapter(prov.get("chapter", path.stem), max(prov["seconds"] - made_here, 0.0),
-                                {m["file"]: float(m["seconds"]) for m in models}))
+        chapters.append(Chapter(prov.get("chapter", path.stem), own_seconds(prov),
+                                {m["file"]: float(m["seconds"]) for m in recorded_models(prov["models"])}))
         cpus.add(f"{prov.get('cpu', '?')}, {prov.get('threads', '?')} thread(s)")
     return chapters, cpus
 

@@ -70,10 +70,9 @@ def _attach_plans(results: list[JobResult], made: dict[str, tuple], failed: set[
                   f"settings differ from the chapter's (attention_dynamics/book/plans.py)", flush=True)
 
 
-def one_after_another(jobs: list[Job], progress: bool, plans: dict, follow_ups: dict,
-                      order: list[Job]) -> list[JobResult]:
+def one_after_another(jobs: list[Job], progress: bool, plans: dict, follow_ups: dict) -> list[JobResult]:
     """One worker: each chapter after the models its plan and follow-up name (each made
-    once); the results in the order of ``order``."""
+    once); the results in the order of ``jobs``."""
     results, made, failed, needs, count = {}, {}, set(), {}, 0
     known = {t.identity for ts in plans.values() for t in ts}
     for i, job in enumerate(jobs, 1):
@@ -101,7 +100,7 @@ def one_after_another(jobs: list[Job], progress: bool, plans: dict, follow_ups: 
         results[job.stem] = execute(job, progress_bar=progress and sys.stderr.isatty())
         if progress:
             report(i, len(jobs), results[job.stem])
-    out = [results[j.stem] for j in order]
+    out = [results[j.stem] for j in jobs]
     _attach_plans(out, made, failed, needs)
     return out
 
@@ -181,8 +180,8 @@ class Dispatch:
             if self.progress:
                 report(self.finished, len(self.jobs), f.result())
 
-    def run(self, order: list[Job]) -> list[JobResult]:
-        """Until every chapter has run; the results in the order of ``order``."""
+    def run(self) -> list[JobResult]:
+        """Until every chapter has run; the results in the order of the jobs."""
         self._release()
         while self.pending:
             # each task taken as it finishes (FIRST_EXCEPTION would wait for all of them
@@ -197,7 +196,7 @@ class Dispatch:
             self._release()
         made = {i: f.result() for i, (_, f) in self.models.items() if _failure(f) is None}
         failed = {i for i, (_, f) in self.models.items() if _failure(f) is not None}
-        results = [self.chapters[j.stem].result() for j in order]
+        results = [self.chapters[j.stem].result() for j in self.jobs]
         _attach_plans(results, made, failed, self.needs)
         return results
 

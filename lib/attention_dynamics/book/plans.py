@@ -106,9 +106,8 @@ def _main_seed(p: dict) -> int:
 def _wt_calibration(p: dict) -> list[ModelTask]:
     from ..windtunnel import WindTunnelConfig
 
-    seeds = [_main_seed(p), *p["more_seeds"]]
     cfg = WindTunnelConfig.from_dict(p["wind_tunnel"])
-    V = p["larger_V"]
+    seeds, V = [cfg.seed, *p["more_seeds"]], p["larger_V"]
     # the larger alphabet at the same compute (the chapter's rule: steps x tokens per sequence)
     big_steps = max(10, int(round(cfg.n_steps * cfg.task.length / (2 * (V - 1) + 1))))
     return (_trajectories(p, p["eval_every"], seeds)
@@ -209,7 +208,7 @@ def unused_planned(result) -> list[str]:
     :class:`attention_dynamics.book.jobs.JobResult`): empty when the plan and the chapter
     agree; otherwise the plan's settings drifted from the chapter's, and the chapter trained
     its own."""
-    models = result.record.get("provenance", {}).get("models")
-    loaded = {m.get("file") for m in models if isinstance(m, dict) and m.get("loaded")} \
-        if isinstance(models, list) else set()
+    from ..store import recorded_models
+
+    loaded = {m["file"] for m in recorded_models(result.record.get("provenance", {}).get("models")) if m["loaded"]}
     return sorted(set(result.planned) - loaded)

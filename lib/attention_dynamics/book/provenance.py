@@ -93,13 +93,14 @@ def launch_links(repo: dict, name: str) -> dict[str, str]:
 def _models_text(models: list[dict]) -> str:
     """The trained models a chapter took from the store or made and stored, with the
     seconds their training took (:func:`attention_dynamics.artifacts.models_used`)."""
-    models = [m for m in models if isinstance(m, dict) and isinstance(m.get("seconds"), (int, float))] \
-        if isinstance(models, list) else []
+    from ..store import recorded_models
+
+    models = recorded_models(models)
     if not models:
         return "none"
     parts = []
     for loaded, verb in ((True, "loaded from the store (trained in {:.0f} s)"), (False, "trained here in {:.0f} s")):
-        group = [m["seconds"] for m in models if m.get("loaded") is loaded]
+        group = [m["seconds"] for m in models if m["loaded"] is loaded]
         if group:
             parts.append(f"{len(group)} " + verb.format(sum(group)))
     return "; ".join(parts)

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from concurrent.futures import Executor
 from pathlib import Path
 
-from ..store import missing_seconds
+from ..store import missing_seconds, own_seconds
 from .jobs import RESULTS, Job, JobResult
 from .dispatch import Dispatch, one_after_another
 
@@ -56,10 +56,7 @@ def expected_seconds(job: Job) -> float:
             continue
         prov = record.get("provenance", {})
         if prov.get("profile") == job.profile and isinstance(prov.get("seconds"), (int, float)):
-            models = prov.get("models") if isinstance(prov.get("models"), list) else []
-            made_then = sum(m["seconds"] for m in models if isinstance(m, dict) and m.get("loaded") is False
-                            and isinstance(m.get("seconds"), (int, float)))
-            return max(prov["seconds"] - made_then, 0.0) + missing_seconds(models)
+            return own_seconds(prov) + missing_seconds(prov.get("models"))
     return 0.0
 
 
@@ -145,14 +142,13 @@ def planned_models(jobs: list[Job]) -> tuple[dict[str, list], dict[str, object]]
 
 
 def run_jobs(jobs: list[Job], executor: Executor | None = None, *, progress: bool = True,
-             plans: dict[str, list] | None = None, follow_ups: dict | None = None,
-             order: list[Job] | None = None) -> list[JobResult]:
+             plans: dict[str, list] | None = None, follow_ups: dict | None = None) -> list[JobResult]:
     """Run jobs one after another, or on any concurrent.futures executor (a process
     pool, or a Dask cluster's ``client.get_executor()``). Prints one line per finished
     chapter (and, on a terminal, a per-cell bar while one runs). Stops at the first
     failure: jobs not yet started are cancelled, running ones finish, then the failure
     (with its chapter, cell and cause) is raised. The results come back in the order of
-    ``order`` (default: of ``jobs``).
+    ``jobs``.
 
     ``plans``: chapter name -> the models to make first
     (:class:`attention_dynamics.book.plans.ModelTask`), each made once however many
@@ -160,10 +156,9 @@ def run_jobs(jobs: list[Job], executor: Executor | None = None, *, progress: boo
     that chapter's first models exist (:mod:`attention_dynamics.book.dispatch`). A model
     that fails is reported and left to its chapter, which makes it itself and, if it fails
     again, says where."""
-    order = order or jobs
     if executor is None:
-        return one_after_another(jobs, progress, plans or {}, dict(follow_ups or {}), order)
-    return Dispatch(executor, jobs, plans or {}, dict(follow_ups or {}), progress).run(order)
+        return one_after_another(jobs, progress, plans or {}, dict(follow_ups or {}))
+    return Dispatch(executor, jobs, plans or {}, dict(follow_ups or {}), progress).run()
 
 
 SCHEDULER_TIMEOUT_S = 10
