@@ -20,6 +20,7 @@ Models
     transformer     one small causal transformer and the one way it trains (fit)
     windtunnel      the wind-tunnel experiment's settings, model and training (R8)
     windtunnel_rates  the wind tunnel with an optimizer and a rate per role, judged held out (R6, R8)
+    windtunnel_ablation  the wind tunnel's ablations (a channel, roles frozen; rates), each a stored run (R8)
     ssm             a selective state-space model (Mamba's S6) as content-based routing (R9)
     deep_variant    the sticky chain's deep variant: a transformer per seed, each seed a stored run (R7)
     primitive_models  the inference-primitives experiment: attention and SSM side by side (R9)

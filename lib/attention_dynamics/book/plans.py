@@ -125,7 +125,18 @@ def _wt_geometry(p: dict) -> list[ModelTask]:
 
 
 def _wt_laws(p: dict) -> list[ModelTask]:
-    return _trajectories(p, p["probe_every"], [_main_seed(p), *p["ablation_seeds"]])
+    from ..windtunnel import WindTunnelConfig
+    from ..windtunnel_ablation import ablated, ablation_settings
+
+    cfg = dataclasses.replace(WindTunnelConfig.from_dict(p["wind_tunnel"]), eval_size=WindTunnelConfig.eval_size)
+    # the five ablations of the main seed, measured every probe_every; the two channels
+    # frozen on the further seeds, measured at the end
+    runs = [(name, cfg, p["probe_every"], how) for name, how in ablation_settings(cfg, p["em_slow_scale"]).items()]
+    runs += [(f"{ch} frozen", dataclasses.replace(cfg, seed=s), cfg.n_steps, {"channel": ch})
+             for s in p["ablation_seeds"] for ch in ("values", "pattern")]
+    return (_trajectories(p, p["probe_every"], [cfg.seed, *p["ablation_seeds"]])
+            + [ModelTask(f"wind tunnel, {name}, seed {c.seed}, every {every}",
+                         functools.partial(ablated, c, every, progress=False, **how)) for name, c, every, how in runs])
 
 
 def _wt_runs(p: dict, runs, what: str) -> list[ModelTask]:
