@@ -89,7 +89,7 @@ def test_the_stores_plumbing_is_outside_every_key(root):
     plumbing = {"artifacts.py", "files.py", "sources.py"}
     makers = sorted(p.stem for p in PACKAGE_DIR.glob("*.py") if "load_or_make(" in p.read_text()
                     and p.stem not in ("artifacts", "files", "sources"))
-    assert {"windtunnel", "windtunnel_rates", "primitive_models", "causal_head", "deep_variant"} <= set(makers)
+    assert {"windtunnel", "windtunnel_rates", "windtunnel_ablation", "primitive_models", "causal_head", "deep_variant"} <= set(makers)
     for maker in makers:
         names = {p.relative_to(PACKAGE_DIR).as_posix() for p in module_closure([f"attention_dynamics.{maker}"])}
         assert f"{maker}.py" in names and "native/causal_head.c" in names and "training.py" in names, maker

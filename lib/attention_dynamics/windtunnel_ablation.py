@@ -32,7 +32,9 @@ def ablation_settings(cfg: WindTunnelConfig, em_slow_scale: float) -> dict[str, 
     arguments: each channel of the laws frozen at initialization; W_Q, W_K frozen; W_V
     frozen; every role but the values at ``em_slow_scale`` times the rate (the EM-style
     split of the paper's two timescales, applied to the whole model)."""
-    em_slow_scale = check_float("em_slow_scale", em_slow_scale, 0.0, 1.0, low_open=True)
+    if not isinstance(cfg, WindTunnelConfig):
+        raise TypeError(f"cfg must be a WindTunnelConfig, got {type(cfg).__name__}")
+    em_slow_scale = check_float("em_slow_scale", em_slow_scale, 0.0, 1.0, low_open=True, high_open=True)
     return {"values frozen": {"channel": "values"},
             "pattern frozen": {"channel": "pattern"},
             "W_Q, W_K frozen": {"frozen": ("routing",)},
@@ -55,7 +57,8 @@ class Ablation:
 
     def model_at(self, step: int) -> CausalTransformer:
         """The model after ``step`` updates (one of ``steps``), its channel frozen at
-        initialization as in training."""
+        initialization as in training; for measurements only: every parameter requires a
+        gradient again, and the optimizer's state is not stored."""
         if step not in self.steps:
             raise ValueError(f"step must be one of the stored steps {self.steps}, got {step}")
         model = self.config.model()  # the initialization the frozen channel keeps
@@ -82,10 +85,15 @@ def ablated(cfg: WindTunnelConfig, every: int, *, channel: str | None = None, fr
     every = check_int("every", every, 1, cfg.n_steps)
     if channel is not None:
         check_choice("channel", channel, CHANNELS)
-    frozen = tuple(frozen)
+    if isinstance(frozen, str):
+        raise TypeError(f"frozen must be a tuple of roles among {list(ROLES)}, got the string {frozen!r}")
     for role in frozen:
         check_choice("frozen", role, ROLES)
-    rates = {role: float(r) for role, r in (rates or {}).items()}
+    frozen = tuple(r for r in ROLES if r in frozen)  # one key per set of roles
+    for role, r in (rates or {}).items():
+        check_choice("rates' role", role, ROLES)
+        check_float(f"rates[{role!r}]", r, 0.0, 1.0, low_open=True)
+    rates = {role: float(rates[role]) for role in ROLES if role in (rates or {})}
     settings = {k: v for k, v in asdict(cfg).items() if k != "eval_size"} | {
         "every": every, "channel": channel, "frozen": list(frozen), "rates": rates}
 
