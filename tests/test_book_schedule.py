@@ -46,3 +46,22 @@ def test_records_without_their_models_are_refused(tmp_path):
         "models": [{"file": "m.pt", "seconds": 30.0, "loaded": False}, {"file": "n.pt", "seconds": 7.0, "loaded": True}]}}))
     (chapter,), cpus = bs.read_chapters(tmp_path)
     assert chapter.own == 20.0 and chapter.models == {"m.pt": 30.0, "n.pt": 7.0} and cpus == {"X, 1 thread(s)"}
+
+
+def test_the_readmes_build_times_are_the_committed_records():
+    """The README's hours for a paper build are computed from results/paper, not typed in: a
+    rebuild that moves one of them by a tenth of an hour turns this red until the README says
+    so. Negative control: a tenth of an hour more in one record moves the total."""
+    import re
+
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    said = {key: float(re.search(pattern, readme).group(1)) for key, pattern in {
+        "fresh": r"add up to about ([\d.]+) CPU-hours", "two": r"about ([\d.]+) hours on 2 cores",
+        "warm": r"the chapters alone take about ([\d.]+) CPU-hours"}.items()}
+    chapters, _ = bs.read_chapters(ROOT / "results" / "paper")
+    models = {f: s for c in chapters for f, s in c.models.items()}
+    own = sum(c.own for c in chapters)
+    two_cores = bs.models_as_tasks(chapters, 2, fresh=True)[0]
+    computed = {"fresh": (own + sum(models.values())) / 3600, "two": two_cores / 3600, "warm": own / 3600}
+    assert said == {k: round(v, 1) for k, v in computed.items()}
+    assert round(computed["fresh"] + 360 / 3600, 1) != said["fresh"]
