@@ -41,7 +41,7 @@ def attention_case(B, H, T, D):
 
 
 def head_case(runs, seq_len):
-    seq = sc.sample_sequences(list(range(runs)), n_states_seq=seq_len)
+    seq = sc.sample_sequences(list(range(runs)), seq_len=seq_len)
     p = init_heads(list(range(runs)))
     return lambda compiled: blocked_causal_step(p, seq.x, seq.y, native=compiled)
 

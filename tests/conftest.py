@@ -58,7 +58,10 @@ def quick_runs(request, tmp_path_factory, root):
             todo = [n for n in dict.fromkeys(needed() + [name]) if n not in cache]
             for r in run_chapters(make_jobs(root, "quick", only=todo, out_dir=out), progress=False):
                 cache[r.name] = r.record
+                run.planned[r.name] = (r.planned, r.planned_failed)
         return cache[name]
+
+    run.planned = {}  # chapter -> the stored models its plan made first, its failed tasks (book.plans)
 
     run.out_dir = out
     return run

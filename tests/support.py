@@ -98,3 +98,46 @@ def kernel_or_skip(build) -> None:
     if ok:
         raise AssertionError(f"the compiler {cc} builds C of this kind, but not our kernel: {reason}")
     pytest.skip(f"the compiler {cc} cannot build the kernels' kind of C: the PyTorch path runs instead ({reason})")
+
+
+class _Made:
+    def __init__(self, provenance: dict):
+        self.provenance = provenance
+
+
+def make_probe_model(x: int, fail: bool = False) -> _Made:
+    """A stored 'model' as a plan task makes it (book.plans.ModelTask): the same key as the
+    notebook of :data:`MODEL_CELLS` asks for at parameter ``x``."""
+    from attention_dynamics.artifacts import load_or_make
+
+    if fail:
+        raise RuntimeError("this model cannot be made")
+    return _Made(load_or_make("probe", {"x": x}, lambda: {"x": x}, modules=["attention_dynamics.stats"])[1])
+
+
+MODEL_CELLS = [
+    ("code", 'x = 0\nrecord_path = ""\nprofile = "paper"', ["parameters"]),
+    ("code", "from attention_dynamics.artifacts import load_or_make\n"
+             "from attention_dynamics.book.records import Record\n"
+             "rec = Record(record_path)\n"
+             "rec['x'] = load_or_make('probe', {'x': x}, lambda: {'x': x},\n"
+             "                        modules=['attention_dynamics.stats'])[0]['x']\n"
+             "rec.save()", []),
+]
+
+
+def follow_probe(x: int) -> list:
+    """A follow-up (book.plans.FOLLOW_UPS): the next model's settings read from the stored
+    first one (x -> 10 x), as the fair comparison's test runs follow from its tuning."""
+    import functools
+
+    from attention_dynamics.artifacts import load_or_make
+    from attention_dynamics.book.plans import ModelTask
+
+    first = load_or_make("probe", {"x": x}, lambda: {"x": x}, modules=["attention_dynamics.stats"])[0]["x"]
+    return [ModelTask(f"probe {10 * first}", functools.partial(make_probe_model, 10 * first))]
+
+
+FOLLOW_CELLS = [MODEL_CELLS[0], ("code", MODEL_CELLS[1][1].replace(
+    "rec.save()", "rec['y'] = load_or_make('probe', {'x': 10 * x}, lambda: {'x': 10 * x},\n"
+                  "                        modules=['attention_dynamics.stats'])[0]['x']\nrec.save()"), [])]

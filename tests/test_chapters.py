@@ -67,6 +67,23 @@ def test_two_timescale_em_chapter(quick_runs):
     assert v["first_diverging_ratio"] >= v["best_ratio"]  # until they overshoot
 
 
+def test_every_plan_makes_models_its_chapter_then_loads(quick_runs):
+    """book.plans is a head start, not a second source: each model a plan made first must be
+    one its chapter then loaded, and a planned chapter trains none itself. A plan whose
+    settings drifted from its chapter's would make models nobody loads; one that missed a
+    model would leave it to the chapter (the same numbers, but the chapter's task grows)."""
+    from attention_dynamics.book.jobs import JobResult
+    from attention_dynamics.book.plans import PLANNED, unused_planned
+
+    for name in PLANNED:
+        planned, failed = quick_runs.planned[name]
+        assert planned and not failed, f"{name}: its plan made {planned}, and failed at {failed}"
+        assert not unused_planned(JobResult(name, "ran", 0.0, quick_runs(name), planned)), name
+        # with a follow-up, its plan names the rest of the models
+        trained = [m["file"] for m in quick_runs(name)["provenance"]["models"] if not m["loaded"]]
+        assert not trained, f"{name} trained {trained} itself: its plan missed them"
+
+
 def test_every_number_glued_into_the_text_is_recorded(root, quick_runs):
     """Each {glue:text}`name` in a chapter's prose must be a number the chapter records,
     so that every number on a page traces to the notebook's computation."""

@@ -131,7 +131,7 @@ def _head_training(poison: str):
     from attention_dynamics.tasks import sticky_chain as sc
     from attention_dynamics.training import SGD, train
 
-    seq = sc.sample_sequences([3, 4], n_states_seq=40)
+    seq = sc.sample_sequences([3, 4], seq_len=40)
     p = init_heads([3, 4])
     if poison == "nan":
         p["W_K"][1, 0, 0] = float("nan")
@@ -278,7 +278,7 @@ def test_records_and_artifacts_say_which_path_ran(monkeypatch, fresh_kernels):
 
 @needs_cc
 def test_an_artifact_made_through_one_path_is_not_loaded_for_the_other(monkeypatch, tmp_path):
-    from attention_dynamics.artifacts import stored
+    from attention_dynamics.artifacts import load_or_make
 
     monkeypatch.setenv("ATTENTION_DYNAMICS_ARTIFACTS", str(tmp_path))
     made = []
@@ -288,7 +288,7 @@ def test_an_artifact_made_through_one_path_is_not_loaded_for_the_other(monkeypat
         return {"w": torch.zeros(2)}
 
     def get():
-        return stored("probe", {"size": 2}, make, modules=["attention_dynamics.artifacts"])[1]
+        return load_or_make("probe", {"size": 2}, make, modules=["attention_dynamics.artifacts"])[1]
 
     monkeypatch.setenv("ATTENTION_DYNAMICS_NATIVE", "0")
     first, again = get(), get()
@@ -302,14 +302,14 @@ def test_an_artifact_made_through_one_path_is_not_loaded_for_the_other(monkeypat
 def test_an_artifact_made_through_an_unplanned_path_is_not_stored(monkeypatch, fresh_kernels):
     """A kernel planned but not built (here a compiler that builds nothing) leaves the run
     to PyTorch: the result is returned but not stored under the kernel's key."""
-    from attention_dynamics.artifacts import stored
+    from attention_dynamics.artifacts import load_or_make
     from attention_dynamics.transformer import causal_attention
 
     monkeypatch.setenv("ATTENTION_DYNAMICS_ARTIFACTS", str(fresh_kernels / "store"))
     monkeypatch.setenv("CC", _rejecting_compiler(fresh_kernels, "-O3"))
     monkeypatch.setenv("ATTENTION_DYNAMICS_NATIVE", "1")
     q = torch.randn(1, 2, 9, 8)
-    payload, prov = stored("probe", {"n": 1}, lambda: {"o": causal_attention(q, q, q)},
+    payload, prov = load_or_make("probe", {"n": 1}, lambda: {"o": causal_attention(q, q, q)},
                            modules=["attention_dynamics.artifacts"])
     assert prov["paths"]["causal_attention"] == "kernel" and prov["paths_taken"] == {"causal_attention": "torch"}
     assert prov["path"] is None and not list((fresh_kernels / "store").glob("probe-*.pt"))

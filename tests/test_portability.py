@@ -22,12 +22,12 @@ def _make():
 
 
 # Each of two processes, with fcntl made unimportable (as on Windows), asks for the same
-# artifact; make() is slow, so both are inside stored() at once.
+# artifact; make() is slow, so both are inside load_or_make() at once.
 NO_FCNTL = textwrap.dedent("""
     import sys, time, os, json
     sys.modules["fcntl"] = None  # import fcntl now raises ImportError, as on Windows
     import filelock
-    from attention_dynamics.artifacts import stored
+    from attention_dynamics.artifacts import load_or_make
     log = sys.argv[1]
 
     def make():
@@ -36,7 +36,7 @@ NO_FCNTL = textwrap.dedent("""
         time.sleep(1.5)
         return {"maker": os.getpid()}
 
-    payload, prov = stored("lockprobe", {"n": 1}, make, modules=["attention_dynamics.artifacts"])
+    payload, prov = load_or_make("lockprobe", {"n": 1}, make, modules=["attention_dynamics.artifacts"])
     print(json.dumps({"lock": filelock.FileLock.__name__, "maker": payload["maker"], "loaded": prov["loaded"]}))
 """)
 

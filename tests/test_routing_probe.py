@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from attention_dynamics.primitives import PrimitivesConfig, build_model
+from attention_dynamics.primitive_models import PrimitivesConfig, build_model
 from attention_dynamics.routing_probe import _routing_split, _split_report, routing_law_split
 from attention_dynamics.tasks.primitives import make_task
 

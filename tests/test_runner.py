@@ -270,7 +270,8 @@ def test_chapters_run_side_by_side_longest_first_with_one_thread_each(tmp_path, 
     results come back in book order."""
     from support import make_root
 
-    from attention_dynamics.book import records, scheduling, timetable
+    from attention_dynamics.book import scheduling, timetable
+    from attention_dynamics.files import write_json_atomic
 
     cells = [("code", 'wait = 0.0\nrecord_path = ""\nprofile = "paper"', ["parameters"]),
              ("code", "import os, time\nimport torch\nfrom attention_dynamics.book.records import Record\n"
@@ -285,7 +286,7 @@ def test_chapters_run_side_by_side_longest_first_with_one_thread_each(tmp_path, 
         shutil.copy(root / "notebooks" / "short.ipynb", root / "notebooks" / f"{other}.ipynb")
     jobs = make_jobs(root, "quick", out_dir=tmp_path / "out")
     # the last run of "long" took longest: it is started first
-    records.write_json_atomic(jobs[1].record, {"provenance": {"profile": "quick", "seconds": 99.0}})
+    write_json_atomic(jobs[1].record, {"provenance": {"profile": "quick", "seconds": 99.0}})
     assert [scheduling.expected_seconds(j) for j in jobs] == [0.0, 99.0, 0.0]
     assert [j.name for j in scheduling.longest_first(jobs)] == ["long", "short", "last"]
     monkeypatch.setattr(scheduling, "usable_cpus", lambda: 2)
@@ -298,6 +299,174 @@ def test_chapters_run_side_by_side_longest_first_with_one_thread_each(tmp_path, 
     bounds = {line.split("  ")[0]: float(line.split()[2]) for line in table.splitlines() if line.startswith("bound:")}
     assert bounds["bound: longest"] == round(max(r.seconds for r in results), 1) >= 1.0  # "long" waited 1 s
     assert f"{sum(r.seconds for r in results) / 2:8.1f}  (executed now over 2 workers)" in table
+
+
+def test_a_chapters_record_and_footer_say_which_stored_models_it_used(tmp_path, monkeypatch):
+    store = tmp_path / "store"
+    monkeypatch.setenv("ATTENTION_DYNAMICS_ARTIFACTS", str(store))
+    from support import MODEL_CELLS
+
+    root = make_root(tmp_path, MODEL_CELLS, name="uses_model")
+    (job,) = make_jobs(root, "quick", out_dir=tmp_path / "out")
+    first = execute(job).record["provenance"]["models"]
+    (made,) = first
+    assert not made["loaded"] and made["file"].startswith("probe-") and (store / made["file"]).is_file()
+    nb = nbformat.read(job.output, as_version=4)
+    assert "| stored models | 1 trained here in " in nb.cells[-1].source
+    job.output.unlink()  # run it again: now the model is loaded
+    (loaded,) = execute(job).record["provenance"]["models"]
+    assert loaded == dict(made, loaded=True)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_planned_models_are_made_first_and_their_chapter_loads_them(tmp_path, monkeypatch, capsys, workers):
+    """book.plans: a chapter's models made as tasks of their own before it starts, once
+    however many chapters plan them; a plan task that fails is left to its chapter, which
+    makes the model itself."""
+    import functools
+    from concurrent.futures import ProcessPoolExecutor
+
+    from support import MODEL_CELLS, make_probe_model
+
+    from attention_dynamics.book.plans import ModelTask
+    from attention_dynamics.book.scheduling import run_jobs
+
+    monkeypatch.setenv("ATTENTION_DYNAMICS_ARTIFACTS", str(tmp_path / "store"))
+    root = make_root(tmp_path, MODEL_CELLS, name="a",
+                     profiles="a:\n  quick: {x: 1}\n  paper: {x: 1}\nb:\n  quick: {x: 2}\n  paper: {x: 2}\n")
+    shutil.copy(root / "notebooks" / "a.ipynb", root / "notebooks" / "b.ipynb")
+    jobs = make_jobs(root, "quick", out_dir=tmp_path / "out")
+    made = ModelTask("probe 1", functools.partial(make_probe_model, 1))
+    broken = ModelTask("probe 2", functools.partial(make_probe_model, 2, fail=True))
+    plans = {"a": [made, ModelTask("probe 1 again", functools.partial(make_probe_model, 1))], "b": [broken]}
+    with ProcessPoolExecutor(workers) as pool:
+        results = run_jobs(jobs, pool if workers > 1 else None, plans=plans)
+    out = capsys.readouterr().out
+    # made once (the second task of "a" is the same call), before its chapter
+    assert out.count("[model ") == 2 and out.index("probe 1: made in") < out.index("] a: ran")
+    assert "probe 2: failed (RuntimeError: this model cannot be made); its chapter will make it" in out
+    a, b = (r.record["provenance"]["models"] for r in results)
+    assert [m["loaded"] for m in a] == [True] and [m["loaded"] for m in b] == [False]
+    assert results[0].planned == (a[0]["file"],) and results[1].planned == ()
+    assert results[0].planned_failed == () and results[1].planned_failed == (broken.identity,)
+    assert [r.record["values"]["x"] for r in results] == [1, 2]
+    assert "warning" not in out
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_follow_up_plans_the_models_that_depend_on_the_first_ones(tmp_path, monkeypatch, capsys, workers):
+    """book.plans.FOLLOW_UPS: models whose settings follow from results (here 10 x from the
+    stored first model) are planned by a task once the first models exist, made, and then
+    loaded by the chapter; a follow-up that fails leaves them to the chapter."""
+    import functools
+    from concurrent.futures import ProcessPoolExecutor
+
+    from support import FOLLOW_CELLS, follow_probe, make_probe_model
+
+    from attention_dynamics.book.plans import ModelTask
+    from attention_dynamics.book.scheduling import run_jobs
+
+    monkeypatch.setenv("ATTENTION_DYNAMICS_ARTIFACTS", str(tmp_path / "store"))
+    root = make_root(tmp_path, FOLLOW_CELLS, name="a",
+                     profiles="a:\n  quick: {x: 3}\n  paper: {x: 3}\nb:\n  quick: {x: 4}\n  paper: {x: 4}\n")
+    shutil.copy(root / "notebooks" / "a.ipynb", root / "notebooks" / "b.ipynb")
+    jobs = make_jobs(root, "quick", out_dir=tmp_path / "out")
+    plans = {n: [ModelTask(f"probe {x}", functools.partial(make_probe_model, x))] for n, x in (("a", 3), ("b", 4))}
+    follow = {"a": functools.partial(follow_probe, 3), "b": functools.partial(make_probe_model, 0, fail=True)}
+    with ProcessPoolExecutor(workers) as pool:
+        a, b = run_jobs(jobs, pool if workers > 1 else None, plans=plans, follow_ups=follow)
+    out = capsys.readouterr().out
+    assert "[plan] a: 1 more model(s), from the first ones" in out
+    assert "warning: b: its plan's follow-up failed (RuntimeError: this model cannot be made)" in out
+    assert out.index("probe 30: made in") < out.index("] a: ran")
+    assert [m["loaded"] for m in a.record["provenance"]["models"]] == [True, True] and len(a.planned) == 2
+    assert sorted(m["loaded"] for m in b.record["provenance"]["models"]) == [False, True] and len(b.planned) == 1
+    assert (a.record["values"]["y"], b.record["values"]["y"]) == (30, 40) and "warning: a" not in out
+
+
+def test_the_time_table_counts_models_made_first_and_the_path_through_them():
+    """Made-up results: a (2 s) after its model (5 s), b (6 s) with none; the critical path
+    is a after its model, 7 s, not b's 6 s, and the even bound spreads all 13 s."""
+    from attention_dynamics.book.jobs import JobResult
+    from attention_dynamics.book.timetable import timing_table
+
+    results = [JobResult("a", "ran", 2.0, {"provenance": {"seconds": 2.0, "threads": 1}}, ("m.pt",), (), (5.0,)),
+               JobResult("b", "ran", 6.0, {"provenance": {"seconds": 6.0, "threads": 1}})]
+    lines = {line.split("  ")[0]: line for line in timing_table(results, 9.0, 2).splitlines()}
+    assert float(lines["1 models first"].split()[3]) == 5.0
+    assert float(lines["executed now"].split()[2]) == 13.0
+    assert float(lines["bound: longest"].split()[2]) == 7.0 and "after its longest model" in lines["bound: longest"]
+    assert float(lines["bound: even"].split()[2]) == 6.5
+    plain = timing_table([results[1]], 9.0, 1)  # no model made first: whole chapters
+    assert "models first" not in plain and "the critical path of whole chapters" in plain
+
+
+def test_a_worker_sets_the_threads_of_the_pytorch_it_inherited(monkeypatch):
+    """A forked pool worker inherits the runner's PyTorch with its thread count set: a
+    planned model made in the worker itself must use the worker's share of the CPUs."""
+    import torch
+
+    from attention_dynamics.book.scheduling import THREAD_VARIABLES, _use_threads
+
+    before = torch.get_num_threads()
+    for var in THREAD_VARIABLES:
+        monkeypatch.delenv(var, raising=False)
+    try:
+        torch.set_num_threads(2)
+        _use_threads(1)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_a_plan_that_drifted_from_its_chapter_is_named(tmp_path, monkeypatch, capsys):
+    """The negative control of the plans' check: a plan made at other settings than its
+    chapter's (x = 9 for a chapter at x = 1) makes a model the chapter does not load."""
+    import functools
+
+    from support import MODEL_CELLS, make_probe_model
+
+    from attention_dynamics.book.plans import ModelTask, unused_planned
+    from attention_dynamics.book.scheduling import run_jobs
+
+    monkeypatch.setenv("ATTENTION_DYNAMICS_ARTIFACTS", str(tmp_path / "store"))
+    root = make_root(tmp_path, MODEL_CELLS, name="a", profiles="a:\n  quick: {x: 1}\n  paper: {x: 1}\n")
+    (r,) = run_jobs(make_jobs(root, "quick", out_dir=tmp_path / "out"),
+                    plans={"a": [ModelTask("probe 9", functools.partial(make_probe_model, 9))]})
+    (made,) = r.planned
+    assert unused_planned(r) == [made] and [m["loaded"] for m in r.record["provenance"]["models"]] == [False]
+    assert f"warning: a: its plan made model(s) it did not load ({made})" in capsys.readouterr().out
+
+
+def test_the_expected_time_adds_the_training_of_models_no_longer_stored(tmp_path, monkeypatch):
+    """Ordering longest first must see that a chapter which loaded its models in 16 s
+    takes their training time on a fresh store, and not count twice what it trained itself."""
+    from attention_dynamics.book import scheduling
+    from attention_dynamics.files import write_json_atomic
+
+    store = tmp_path / "store"
+    store.mkdir()
+    monkeypatch.setenv("ATTENTION_DYNAMICS_ARTIFACTS", str(store))
+    (store / "kept.pt").write_bytes(b"x")
+    root = make_root(tmp_path)
+    (job,) = make_jobs(root, "quick", out_dir=tmp_path / "out")
+    models = [{"file": "kept.pt", "seconds": 30.0, "loaded": False},  # trained in that run, still stored
+              {"file": "gone.pt", "seconds": 500.0, "loaded": True},
+              {"file": "kept-loaded.pt", "seconds": 70.0, "loaded": True}]
+    write_json_atomic(job.record, {"provenance": {"profile": "quick", "seconds": 46.0, "models": models}})
+    # its own 46 - 30 = 16 s, plus the two models not in the store: 500 + 70
+    assert scheduling.expected_seconds(job) == 16.0 + 570.0
+    (store / "gone.pt").write_bytes(b"x")
+    (store / "kept-loaded.pt").write_bytes(b"x")
+    assert scheduling.expected_seconds(job) == 16.0
+    (store / "kept.pt").unlink()  # what that run trained, gone: counted once, not twice
+    assert scheduling.expected_seconds(job) == 16.0 + 30.0
+    # a damaged list counts what it can read; a record without one counts its seconds
+    write_json_atomic(job.record, {"provenance": {"profile": "quick", "seconds": 46.0,
+                                                  "models": models + ["junk", {"file": "y.pt"}]}})
+    assert scheduling.expected_seconds(job) == 16.0 + 30.0
+    write_json_atomic(job.record, {"provenance": {"profile": "quick", "seconds": 46.0, "models": "junk"}})
+    assert scheduling.expected_seconds(job) == 46.0
 
 
 def test_the_books_chapters_run_on_a_dask_cluster(tmp_path, capsys):
@@ -322,6 +491,35 @@ def test_the_books_chapters_run_on_a_dask_cluster(tmp_path, capsys):
     assert records["tiny"]["values"]["double"] == 6 and records["other"]["values"]["double"] == 14
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_planned_models_go_to_a_dask_cluster_as_tasks(tmp_path, monkeypatch, capsys, threads):
+    """On a Dask cluster of single-threaded workers, a chapter's planned model is a task of
+    its own and the chapter loads it; with two threads a worker, two models made at once
+    would share one process's generator, so the models are left to their chapters."""
+    import functools
+
+    from distributed import LocalCluster
+    from support import MODEL_CELLS, make_probe_model
+
+    from attention_dynamics.book import plans
+    from attention_dynamics.book.scheduling import run_chapters
+
+    monkeypatch.setenv("ATTENTION_DYNAMICS_ARTIFACTS", str(tmp_path / "store"))
+    root = make_root(tmp_path, MODEL_CELLS, name="a", profiles="a:\n  quick: {x: 4}\n  paper: {x: 4}\n")
+    monkeypatch.setitem(plans.PLANNED, "a", lambda p: [plans.ModelTask(f"probe {p['x']}",
+                                                                        functools.partial(make_probe_model, p["x"]))])
+    with LocalCluster(n_workers=1, threads_per_worker=threads, processes=True, dashboard_address=None) as cluster:
+        (r,) = run_chapters(make_jobs(root, "quick", out_dir=tmp_path / "out"), scheduler=cluster.scheduler_address)
+    out = capsys.readouterr().out
+    (model,) = r.record["provenance"]["models"]
+    if threads == 1:
+        assert "first 1 stored model(s) of 1 chapter(s), as tasks" in out and "[model 1/1] probe 4: made in" in out
+        assert model["loaded"] and r.planned == (model["file"],)
+    else:
+        assert "a Dask worker runs 2 threads; the stored models are left to their chapters" in out
+        assert not model["loaded"] and r.planned == () and "[model" not in out
+
+
 def test_each_chapter_is_reported_as_it_finishes(tmp_path, monkeypatch):
     """On an executor, a short chapter's line is printed when it ends, not when the longest
     one does (waiting for the first exception would hold every line to the end)."""
@@ -330,7 +528,7 @@ def test_each_chapter_is_reported_as_it_finishes(tmp_path, monkeypatch):
 
     from support import make_root
 
-    from attention_dynamics.book import scheduling
+    from attention_dynamics.book import dispatch, scheduling
 
     cells = [("code", 'wait = 0.0\nrecord_path = ""\nprofile = "paper"', ["parameters"]),
              ("code", "import time\nfrom attention_dynamics.book.records import Record\n"
@@ -340,7 +538,7 @@ def test_each_chapter_is_reported_as_it_finishes(tmp_path, monkeypatch):
                               "slow_one:\n  quick: {wait: 8.0}\n  paper: {wait: 8.0}\n")
     shutil.copy(root / "notebooks" / "quick_one.ipynb", root / "notebooks" / "slow_one.ipynb")
     reported = {}
-    monkeypatch.setattr(scheduling, "_report", lambda i, total, r: reported.setdefault(r.name, time.perf_counter()))
+    monkeypatch.setattr(dispatch, "report", lambda i, total, r: reported.setdefault(r.name, time.perf_counter()))
     jobs = make_jobs(root, "quick", out_dir=tmp_path / "out")
     with ProcessPoolExecutor(max_workers=2) as pool:
         scheduling.run_jobs(jobs, pool)

@@ -88,7 +88,7 @@ def test_the_model_trains_with_fit_and_validates_its_input():
 
 
 def test_r9_functions_name_what_is_wrong():
-    from attention_dynamics.primitives import PrimitivesConfig, build_model
+    from attention_dynamics.primitive_models import PrimitivesConfig, build_model
     from attention_dynamics.routing_probe import routing_probe
     from attention_dynamics.ssm import ssm_scan
     from attention_dynamics.tasks.primitives import make_task

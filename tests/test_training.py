@@ -11,7 +11,7 @@ from attention_dynamics.em import head_value_step, squared_error_value_gradient
 from attention_dynamics.head import HeadParams, init_memory_head
 from attention_dynamics.laws import head_loss_fn, loss_and_gradients
 from attention_dynamics.tasks.clusters import make_cluster_task
-from attention_dynamics.training import (SGD, PrototypeMStep, StepOutput, TorchOptimizer, TrainingDiverged, em_style,
+from attention_dynamics.training import (SGD, PrototypeMStep, StepOutput, TorchOptimizer, TrainingDiverged, em_style_rates,
                                          head_rates, train)
 
 F64 = torch.float64
@@ -76,7 +76,7 @@ def test_rules_validate_arguments():
 
 
 def test_em_style_rates_by_role():
-    rates = em_style(0.01, 0.1)
+    rates = em_style_rates(0.01, 0.1)
     assert rates == {"routing": 0.01, "values": 0.1, "other": 0.01}
     assert SGD(head_rates(rates)).lr == {"W_Q": 0.01, "W_K": 0.01, "W_O": 0.01, "W_V": 0.1}
     with pytest.raises(ValueError, match="must give a rate for every role"):

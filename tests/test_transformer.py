@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from attention_dynamics.transformer import CausalTransformer, TransformerConfig, parameter_groups
+from attention_dynamics.transformer import CausalTransformer, TransformerConfig
 
 
 def test_transformer_paths_agree_and_expose_every_head():
@@ -21,7 +21,7 @@ def test_transformer_paths_agree_and_expose_every_head():
     torch.testing.assert_close(fast, slow, rtol=1e-5, atol=1e-5)
     assert len(traces) == 2 and traces[0].attention.weights.shape == (3, 4, 9, 9)
     assert traces[0].k.shape == (3, 4, 9, 4) and torch.all(torch.triu(traces[1].attention.weights[0, 0], 1) == 0)
-    groups = parameter_groups(m)
+    groups = m.parameter_roles()
     assert {n.split(".")[2] for n in groups["routing"]} == {"q", "k"} and all(".v." in n for n in groups["values"])
     with pytest.raises(ValueError, match="token ids must lie in"):
         m(torch.full((1, 3), 7))

@@ -80,7 +80,7 @@ def test_a_trial_is_deterministic_and_tracks_the_held_out_loss():
     dense = run_trial("EM-style", 0.02, [3, 4], **{**SMALL, "dense_until": 12})
     assert list(dense.eval_steps) == list(range(13)) + [20, 30, 40]  # every step, then every 10
     np.testing.assert_array_equal(dense.test_loss[[0, 10, 13, 14, 15]], a.test_loss)
-    held = sample_sequences([3 + HELD_OUT, 4 + HELD_OUT], n_states_seq=SMALL["seq_len"])
+    held = sample_sequences([3 + HELD_OUT, 4 + HELD_OUT], seq_len=SMALL["seq_len"])
     at_start = causal_head_loss_fn(held.x, held.y)(init_heads([3, 4])).loss.numpy()
     np.testing.assert_allclose(a.test_loss[0], at_start, rtol=0, atol=0)
     assert (a.train_loss[-1] < a.train_loss[0]).all()  # it trains (held out, a short sequence may not gain)

@@ -4,14 +4,13 @@ channel stops learning. (Its task is tested in test_bijection.py, its metrics in
 test_geometry.py, its transformer in test_transformer.py.)"""
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from attention_dynamics.tasks.bijection import sample_batch
-from attention_dynamics.geometry import measure
+from attention_dynamics.geometry import measure_model
 from attention_dynamics.law_probe import law_probe
 from attention_dynamics.windtunnel import WindTunnelConfig
 
@@ -19,7 +18,7 @@ from attention_dynamics.windtunnel import WindTunnelConfig
 def test_short_training_lowers_the_calibration_error_and_probe_is_exact_for_r2():
     cfg = WindTunnelConfig(V=4, L=3, d_model=16, n_heads=2, n_steps=150, batch=64, lr=3e-3, eval_size=64)
     task, ev, m = cfg.task, cfg.eval_set(), cfg.model()
-    before = measure(m, task, ev)["mae_bits"]
+    before = measure_model(m, task, ev)["mae_bits"]
     probes = []
     tok, tgt = sample_batch(task, 32, torch.Generator().manual_seed(1))
 
@@ -28,7 +27,7 @@ def test_short_training_lowers_the_calibration_error_and_probe_is_exact_for_r2()
             probes.extend(law_probe(out.info["model"], out.info["optimizer"], task, tok, tgt, sgd_lr=0.1))
 
     cfg.train(m, callback=cb, every=200, progress=False)
-    after = measure(m, task, ev)
+    after = measure_model(m, task, ev)
     assert after["mae_bits"] < before
     assert len(after["layers"]) == 2 and len(probes) == 2 * 2
     assert max(p["r2_error"] for p in probes) < 1e-5
@@ -51,9 +50,9 @@ def test_a_stored_trajectory_replays_what_training_callbacks_see(tmp_path, monke
 
     model = cfg.model()
     live = cfg.train(model, every=4, progress=False, callback=lambda s, p, out: (
-        measure(model, task, ev)["mae_bits"], probe(model, out.info["optimizer"])))
+        measure_model(model, task, ev)["mae_bits"], probe(model, out.info["optimizer"])))
     first = cfg.trajectory(every=4, progress=False)
-    replayed = first.replay(lambda s, m, opt: (measure(m, task, ev)["mae_bits"], probe(m, opt)))
+    replayed = first.replay(lambda s, m, opt: (measure_model(m, task, ev)["mae_bits"], probe(m, opt)))
     assert first.provenance["loaded"] is False and first.steps == [0, 4, 8, 12]
     assert [s for s, _ in live.checkpoints] == first.steps
     for (_, a), (_, b) in zip(live.checkpoints, replayed.checkpoints):
@@ -67,25 +66,6 @@ def test_a_stored_trajectory_replays_what_training_callbacks_see(tmp_path, monke
     assert other.provenance["key"] != first.provenance["key"] and not other.provenance["loaded"]
     with pytest.raises(ValueError, match="step must be one of the stored steps"):
         first.model_at(5)
-
-
-def test_an_unreadable_artifact_is_made_again(tmp_path, monkeypatch, capsys):
-    from attention_dynamics.artifacts import stored
-
-    monkeypatch.setenv("ATTENTION_DYNAMICS_ARTIFACTS", str(tmp_path))
-    calls = []
-
-    def make():
-        calls.append(1)
-        return {"x": torch.arange(3)}
-
-    payload, prov = stored("test", {"a": 1}, make, modules=["attention_dynamics.stats"])
-    assert not prov["loaded"] and payload["x"].tolist() == [0, 1, 2]
-    Path(prov["path"]).write_bytes(b"truncated")
-    payload, prov = stored("test", {"a": 1}, make, modules=["attention_dynamics.stats"])
-    assert len(calls) == 2 and not prov["loaded"] and "does not load" in capsys.readouterr().err
-    assert stored("test", {"a": 1}, make, modules=["attention_dynamics.stats"])[1]["loaded"]
-    assert not [p for p in tmp_path.iterdir() if p.suffix == ".tmp"]
 
 
 @pytest.mark.parametrize("channel, maps", [("pattern", ("q", "k")), ("values", ("v",))])

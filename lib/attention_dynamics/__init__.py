@@ -13,14 +13,17 @@ Training and its two timescales
     training        one training loop, pluggable update rules, roles and the EM-style schedule
     em              attention as EM (R6): mixtures, textbook EM, the head's E- and M-steps
     tuning          baselines tuned with the same budget as the EM-style schedule (R6, R7)
+    wt_tuning       the wind tunnel's fair comparison: a rate's trial, the test's arms (R6, R8)
 
 Models
     causal_head     the single causal head of the sticky-chain protocol (R7), fast and reference
     transformer     one small causal transformer and the one way it trains (fit)
     windtunnel      the wind-tunnel experiment's settings, model and training (R8)
     windtunnel_rates  the wind tunnel with an optimizer and a rate per role, judged held out (R6, R8)
+    windtunnel_ablation  the wind tunnel's ablations (a channel, roles frozen; rates), each a stored run (R8)
     ssm             a selective state-space model (Mamba's S6) as content-based routing (R9)
-    primitives      the inference-primitives experiment: attention and SSM side by side (R9)
+    deep_variant    the sticky chain's deep variant: a transformer per seed, each seed a stored run (R7)
+    primitive_models  the inference-primitives experiment: attention and SSM side by side (R9)
     ssm_reference   our selective SSM against the reference implementation (mambapy)
 
 Tasks and their exact posteriors (attention_dynamics.tasks)
@@ -53,10 +56,12 @@ Support
                     default only on processors where it measured faster (native/speed.json)
     machine         the processor, as records, kernel caches and the kernel choice name it
     artifacts       trained models kept on disk between chapters, with their provenance
+    store           where the trained-model store is and which models it holds (no torch)
+    files           files written whole or not at all (one rename from a temporary beside them)
     sources         which library source files a computation depends on (cache keys)
 
 The book machinery lives apart, in attention_dynamics.book (the runner: cli, jobs, cache,
-execution, scheduling, timetable, publishing; and profiles, parameters, provenance, records,
+execution, plans, dispatch, scheduling, timetable, publishing; and profiles, parameters, provenance, records,
 scorecard, render, compare, build); a reader of the science never needs to open it.
 """
 __version__ = "0.2.0"

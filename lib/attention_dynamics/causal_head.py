@@ -25,10 +25,10 @@ from dataclasses import asdict, dataclass, replace
 import torch
 from torch import Tensor
 
-from .artifacts import stored
+from .artifacts import load_or_make
 from .native import causal_head_kernel, dispatch, in_threads, transposed_padded
-from .tasks.sticky_chain import D_X, N_STATES, StickySequence, sample_sequences
-from .training import HEAD_ROLES, SGD, History, StepOutput, em_style, head_rates, train
+from .tasks.sticky_chain import D_X, N_STATES, SEEDS, StickySequence, sample_sequences
+from .training import HEAD_ROLES, SGD, History, StepOutput, em_style_rates, head_rates, train
 from .validation import check_float, check_int, check_int_list, check_same_dtype_device, check_tensor
 
 __all__ = ["BlockedStats", "BlockedStep", "ProtocolBatch", "protocol_batch", "blocked_causal_step", "causal_head_loss_fn", "dense_causal_forward", "D_K", "D_V",
@@ -117,9 +117,7 @@ def _torch_step(params, x, y, *, block, grads, stats, value_info):
     # with a row of ones under Zv^T, one product gives b_ij - E_alpha[b]_i directly
     Zvt1 = torch.cat([Zvt, torch.ones(R, 1, T, dtype=x.dtype)], 1)
     loss = torch.zeros(R, dtype=x.dtype)
-    ent = torch.zeros(R, dtype=x.dtype) if stats else None
-    acc = torch.zeros(R, dtype=x.dtype) if stats else None
-    att_ent = torch.zeros(R, dtype=x.dtype) if stats else None
+    sums = torch.zeros(3, R, dtype=x.dtype) if stats else None  # entropy, accuracy, attention entropy
     if grads:
         # accumulated transposed, (R, d, T): the products below are laid out so that the
         # large block is the right-hand operand, which is about twice as fast on CPU
@@ -143,7 +141,7 @@ def _torch_step(params, x, y, *, block, grads, stats, value_info):
         yb = y[:, a:b]
         loss += -logp.gather(-1, yb[..., None]).squeeze(-1).sum(1) / T
         if stats:
-            _add_block_stats(ent, acc, att_ent, logp, alpha, yb, T)
+            _add_block_stats(sums, logp, alpha, yb, T)
         if not grads:
             continue
         dz = logp.exp()
@@ -156,36 +154,36 @@ def _torch_step(params, x, y, *, block, grads, stats, value_info):
         dKt[:, :, :b] += torch.bmm(q.transpose(1, 2), ds)  # R3, keys (q already carries the scale)
         lhs = torch.cat([dz, torch.ones(R, n, 1, dtype=x.dtype)], -1) if value_info else dz
         Mt[:, :, :b] += torch.bmm(lhs.transpose(1, 2), alpha)  # R2: sum_i alpha_ij dz_i
-    st = BlockedStats(loss, ent, acc, att_ent) if stats else None
+    st = BlockedStats(loss, *sums) if stats else None
     if not grads:
         return BlockedStep(loss, stats=st)
-    return _with_parameter_gradients(BlockedStep(loss, stats=st), x, V, W_O, dQt, dKt, Mt, value_info)
+    return _with_parameter_gradients(BlockedStep(loss, stats=st), x, V, W_O, dQt.transpose(1, 2),
+                                     dKt.transpose(1, 2), Mt[:, :C].transpose(1, 2),
+                                     Mt[:, C] if value_info else None)
 
 
-def _with_parameter_gradients(step: BlockedStep, x: Tensor, V: Tensor, W_O: Tensor, dQt: Tensor, dKt: Tensor,
-                              Mt: Tensor, value_info: bool) -> BlockedStep:
-    """``step`` with the four matrices' gradients, from the accumulated (transposed) query and
-    key gradients and M^T = (sum_i alpha_ij dz_i)^T, whose extra last row holds N_j."""
-    C = W_O.shape[-1]
-    M = Mt[:, :C].transpose(1, 2)  # (R, T, C)
+def _with_parameter_gradients(step: BlockedStep, x: Tensor, V: Tensor, W_O: Tensor, dQ: Tensor, dK: Tensor,
+                              M: Tensor, N: Tensor | None) -> BlockedStep:
+    """``step`` with the four matrices' gradients, from dL/dQ and dL/dK of the queries
+    Q = x W_Q and keys K = x W_K (R, T, d_k), M = sum_i alpha_ij dz_i (R, T, C) and, with
+    ``value_info``, N (R, T), else None. The PyTorch path and the kernel both end here."""
     dV = M @ W_O.transpose(1, 2)  # dL/dv_j = sum_i alpha_ij u_i = (sum_i alpha_ij dz_i) W_O^T
     xt = x.transpose(1, 2)
-    g_all = {"W_Q": torch.bmm(xt, dQt.transpose(1, 2)), "W_K": torch.bmm(xt, dKt.transpose(1, 2)),
+    g_all = {"W_Q": torch.bmm(xt, dQ), "W_K": torch.bmm(xt, dK),
              "W_V": torch.bmm(xt, dV), "W_O": torch.bmm(V.transpose(1, 2), M)}
-    if value_info:
-        return replace(step, grads=g_all, dV=dV, N=Mt[:, C])
+    if N is not None:
+        return replace(step, grads=g_all, dV=dV, N=N)
     return replace(step, grads=g_all)
 
 
-def _add_block_stats(ent: Tensor, acc: Tensor, att_ent: Tensor, logp: Tensor, alpha: Tensor, yb: Tensor,
-                     T: int) -> None:
+def _add_block_stats(sums: Tensor, logp: Tensor, alpha: Tensor, yb: Tensor, T: int) -> None:
     """Add one block of queries' share of the predictive entropy, the accuracy and the
-    attention entropy (each a mean over the T positions) to the running sums, in place."""
+    attention entropy (each a mean over the T positions) to the running sums (3, R), in place."""
     p = logp.exp()
-    ent += -(p * logp).sum((1, 2)) / T
-    acc += (logp.argmax(-1) == yb).to(logp.dtype).sum(1) / T
+    sums[0] += -(p * logp).sum((1, 2)) / T
+    sums[1] += (logp.argmax(-1) == yb).to(logp.dtype).sum(1) / T
     la = torch.where(alpha > 0, alpha.log(), torch.zeros((), dtype=alpha.dtype))
-    att_ent += -(alpha * la).sum((1, 2)) / T
+    sums[2] += -(alpha * la).sum((1, 2)) / T
 
 
 def _native_step(params, x, y, *, grads, stats, value_info):
@@ -224,13 +222,8 @@ def _native_step(params, x, y, *, grads, stats, value_info):
     st = BlockedStats(loss, per_position[:, 1], per_position[:, 2], per_position[:, 3]) if stats else None
     if not grads:
         return BlockedStep(loss, stats=st)
-    dV = M @ W_O.transpose(1, 2)
-    xt = x.transpose(1, 2)
-    g_all = {"W_Q": torch.bmm(xt, dQ[..., :d_k] * scale), "W_K": torch.bmm(xt, dK[..., :d_k]),
-             "W_V": torch.bmm(xt, dV), "W_O": torch.bmm(V.transpose(1, 2), M)}
-    if value_info:
-        return BlockedStep(loss, g_all, st, dV, N)
-    return BlockedStep(loss, g_all, st)
+    return _with_parameter_gradients(BlockedStep(loss, stats=st), x, V, W_O, dQ[..., :d_k] * scale,
+                                     dK[..., :d_k], M, N)
 
 
 def causal_head_loss_fn(x: Tensor, y: Tensor, *, block: int = 64, value_info: bool = False,
@@ -265,7 +258,7 @@ def dense_causal_forward(params: dict[str, Tensor], x: Tensor) -> tuple[Tensor, 
 D_K, D_V = 10, 15  # the protocol's head: d_k = 10, d_v = 15
 # The protocol's two schedules, as rates by role: SGD at 0.01 on everything; EM-style with the
 # values at 0.1 (chapter *The sticky Markov chain*).
-PROTOCOL_SCHEDULES = {"SGD": em_style(0.01, 0.01), "EM-style": em_style(0.01, 0.1)}
+PROTOCOL_SCHEDULES = {"SGD": em_style_rates(0.01, 0.01), "EM-style": em_style_rates(0.01, 0.1)}
 
 
 @dataclass(frozen=True)
@@ -284,7 +277,7 @@ def protocol_batch(seeds, seq_len: int) -> ProtocolBatch:
     """The SGD and EM-style runs of the protocol on ``seeds``, as one batch of 2 len(seeds)
     runs (:class:`ProtocolBatch`)."""
     seeds = list(seeds)
-    seq = sample_sequences(seeds, n_states_seq=seq_len)
+    seq = sample_sequences(seeds, seq_len=seq_len)
     return ProtocolBatch(["SGD"] * len(seeds) + ["EM-style"] * len(seeds), seq, torch.cat([seq.x, seq.x]),
                          torch.cat([seq.y, seq.y]), init_heads(seeds + seeds))
 
@@ -372,14 +365,14 @@ class ProtocolConfig:
     (one training sequence and one initialization each), ``n_steps`` full-batch steps,
     ``seq_len`` states per sequence (seq_len - 1 positions), ``block`` query rows per block of
     the fast path; ``checkpoint_every`` steps between recorded statistics and the first
-    ``window`` positions whose attention is kept."""
+    ``attention_window`` positions whose attention is kept."""
 
-    seeds: tuple[int, ...] = (42, 2024, 1337, 7777, 9999)
+    seeds: tuple[int, ...] = SEEDS
     n_steps: int = 1000
     seq_len: int = 2000
     block: int = 64
     checkpoint_every: int = 25
-    window: int = 40
+    attention_window: int = 40
 
     def __post_init__(self):
         seeds = check_int_list("seeds", list(self.seeds), 0, 2**31 - 1, min_len=1)
@@ -390,7 +383,7 @@ class ProtocolConfig:
         check_int("seq_len", self.seq_len, 3, 100_000)
         check_int("block", self.block, 1, 4096)
         check_int("checkpoint_every", self.checkpoint_every, 1, self.n_steps)
-        check_int("window", self.window, 1, self.seq_len - 1)
+        check_int("attention_window", self.attention_window, 1, self.seq_len - 1)
 
 
 def run_protocol(config: ProtocolConfig, *, progress: bool = True) -> ProtocolRun:
@@ -398,13 +391,13 @@ def run_protocol(config: ProtocolConfig, *, progress: bool = True) -> ProtocolRu
     the head initialized per seed, SGD and EM-style from the same start, full-batch closed-form
     steps on the fast path. Every ``checkpoint_every`` steps it records each run's predictive
     entropy, accuracy and mean attention entropy (nats), and at the first and last step the
-    attention weights of the first ``window`` positions."""
+    attention weights of the first ``attention_window`` positions."""
     import time
 
     seeds, n_steps, block = list(config.seeds), config.n_steps, config.block
     batch = protocol_batch(seeds, config.seq_len)
     seq, names, x, y, params = batch.sequences, batch.names, batch.x, batch.y, batch.params
-    window_x = x[:, :config.window]
+    window_x = x[:, :config.attention_window]
 
     def checkpoint(step, p, out):
         with torch.no_grad():
@@ -422,6 +415,6 @@ def run_protocol(config: ProtocolConfig, *, progress: bool = True) -> ProtocolRu
 
     # the chapters on the protocol share one run: trained once, stored
     settings = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(config).items()}
-    saved, prov = stored("sticky-protocol", settings, make, modules=[__name__])
+    saved, prov = load_or_make("sticky-protocol", settings, make, modules=[__name__])
     history = History(saved["loss"].numpy(), [tuple(c) for c in saved["checkpoints"]])
     return ProtocolRun(seeds, names, seq, x, y, saved["params"], history, saved["seconds"], prov)

@@ -196,7 +196,7 @@ def value_step_paths(x: Tensor, start: Tensor, sigma: float, n_iter: int, lr: fl
 def rate_ratio_sweep(task, ratios, n_seeds: int, *, routing_lr: float, n_steps: int, threshold: float,
                      seed: int = 0, d_k: int = 4, d_v: int = 4, init_std: float = 0.5) -> tuple[list[dict], dict]:
     """The cross-entropy head on the cluster task, trained with the EM-style schedule
-    (:func:`attention_dynamics.training.em_style`): routing and read-out at ``routing_lr``, the
+    (:func:`attention_dynamics.training.em_style_rates`): routing and read-out at ``routing_lr``, the
     values at ratio x that, for every ratio and ``n_seeds`` initial weights. A run whose loss
     stops being finite or exceeds 20 nats is stopped and marked diverged. Returns one row per
     run (steps to reach ``threshold``, final and peak loss, divergence) and the loss curves
@@ -204,14 +204,14 @@ def rate_ratio_sweep(task, ratios, n_seeds: int, *, routing_lr: float, n_steps: 
     from .head import init_memory_head
     from .laws import head_loss_fn
     from .stats import first_step_below
-    from .training import SGD, TrainingDiverged, em_style, head_rates, train
+    from .training import SGD, TrainingDiverged, em_style_rates, head_rates, train
 
     loss_fn = head_loss_fn(task.x[None], task.cluster[None], memory=task.memory[None])
     rows, curves = [], {}
     for ratio in ratios:
         for s in range(check_int("n_seeds", n_seeds, 1, None)):
             p = init_memory_head(task.x.shape[1], task.n_slots, task.n_clusters, d_k, d_v, std=init_std, seed=seed + s)
-            rule = SGD(head_rates(em_style(routing_lr, routing_lr * ratio)))
+            rule = SGD(head_rates(em_style_rates(routing_lr, routing_lr * ratio)))
             try:
                 L = train(p, loss_fn, rule, n_steps, max_loss=20.0).loss
             except TrainingDiverged as e:

@@ -21,7 +21,7 @@ __all__ = [
     "random_frame_abs_cosine",
     "key_orthogonality",
     "attention_entropy_bits",
-    "measure",
+    "measure_model",
     "partial_spearman",
     "frame_mass",
 ]
@@ -147,7 +147,33 @@ def frame_mass(weights: Tensor, tokens: Tensor, L: int) -> Tensor:
     return (weights[:, :, 2 * L, :2 * L] * pair[:, None, :]).sum(-1)
 
 
-def measure(model, task, ev, *, geometry: bool = True, frame: bool = False) -> dict:
+def _layer_geometry(tr, task, ev, pos: Tensor) -> dict:
+    """One layer's geometry from its trace, each head measured, then averaged over heads
+    (the best head's rank correlation kept apart): see :func:`measure_model`."""
+    key_pos = torch.arange(0, 2 * task.L, 2)
+    position = pos[None].expand(ev.tokens.shape[0], -1).reshape(-1).numpy()
+    shares, rhos, partial, orth, attn = [], [], [], [], []
+    for h in range(tr.v.shape[1]):
+        vals = tr.v[:, h][:, pos].reshape(-1, tr.v.shape[-1])  # values at the supervised positions
+        shares.append(pc_shares(vals, 3))
+        coord = leading_coordinate(vals).numpy()
+        rhos.append(spearman(coord, ev.pos_bits.reshape(-1).numpy()))
+        if task.repeats:
+            partial.append(partial_spearman(coord, ev.pos_bits.reshape(-1).numpy(), position))
+        keys = tr.k[:, h][:, key_pos].reshape(-1, tr.k.shape[-1])
+        orth.append(key_orthogonality(keys, ev.tokens[:, key_pos].reshape(-1), task.V))
+        attn.append(attention_entropy_bits(tr.attention.weights[:, h][:, pos]).mean(0).numpy())
+    best = int(np.argmax(np.abs(rhos)))
+    return {
+        "pc_shares": np.mean(shares, 0), "rho_best": float(abs(rhos[best])), "rho_best_head": best,
+        "rho_mean": float(np.mean(np.abs(rhos))), "key_abs_cos": float(np.mean([o[0] for o in orth])),
+        "key_abs_cos_random": float(orth[0][1]), "attention_bits": np.mean(attn, 0),
+        "rho_partial_mean": float(np.mean(np.abs(partial))) if partial else float("nan"),
+        "attention_maps": tr.attention.weights[:, :, pos].mean(0).numpy(),  # (H, P, T) mean over samples
+    }
+
+
+def measure_model(model, task, ev, *, geometry: bool = True, frame: bool = False) -> dict:
     """A wind-tunnel model (:mod:`attention_dynamics.windtunnel`) measured on an evaluation
     set (:class:`attention_dynamics.tasks.bijection.EvalSet`): calibration against the exact
     posterior (bits); with ``frame`` (implied by ``geometry``) the frame mass (mean over
@@ -176,31 +202,8 @@ def measure(model, task, ev, *, geometry: bool = True, frame: bool = False) -> d
     if not geometry:
         return out
     pos = supervised_positions(task)
-    key_pos = torch.arange(0, 2 * task.L, 2)
-    position = pos[None].expand(ev.tokens.shape[0], -1).reshape(-1).numpy()
-    layers = []
-    for tr, mass in zip(traces, masses):
-        H = tr.v.shape[1]
-        shares, rhos, partial, orth, attn = [], [], [], [], []
-        for h in range(H):
-            vals = tr.v[:, h][:, pos].reshape(-1, tr.v.shape[-1])  # values at the supervised positions
-            shares.append(pc_shares(vals, 3))
-            coord = leading_coordinate(vals).numpy()
-            rhos.append(spearman(coord, ev.pos_bits.reshape(-1).numpy()))
-            if task.repeats:
-                partial.append(partial_spearman(coord, ev.pos_bits.reshape(-1).numpy(), position))
-            keys = tr.k[:, h][:, key_pos].reshape(-1, tr.k.shape[-1])
-            orth.append(key_orthogonality(keys, ev.tokens[:, key_pos].reshape(-1), task.V))
-            attn.append(attention_entropy_bits(tr.attention.weights[:, h][:, pos]).mean(0).numpy())
-        best = int(np.argmax(np.abs(rhos)))
-        layers.append({
-            "pc_shares": np.mean(shares, 0), "rho_best": float(abs(rhos[best])), "rho_best_head": best,
-            "rho_mean": float(np.mean(np.abs(rhos))), "key_abs_cos": float(np.mean([o[0] for o in orth])),
-            "key_abs_cos_random": float(orth[0][1]), "attention_bits": np.mean(attn, 0),
-            "rho_partial_mean": float(np.mean(np.abs(partial))) if partial else float("nan"),
-            "frame_mass": float(mass.mean()),
-            "attention_maps": tr.attention.weights[:, :, pos].mean(0).numpy(),  # (H, P, T) mean over samples
-        })
+    layers = [_layer_geometry(tr, task, ev, pos) | {"frame_mass": float(mass.mean())}
+              for tr, mass in zip(traces, masses)]
     out["layers"] = layers
     out["uniform_bits"] = np.log2(pos.numpy() + 1.0)  # uniform causal attention over the visible keys
     for key in ("rho_mean", "key_abs_cos", "rho_partial_mean"):

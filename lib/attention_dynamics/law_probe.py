@@ -29,7 +29,7 @@ from .laws import compatibility, routing_gradient, value_gradient
 from .specialization import advantage_sign_agreement
 from .stats import line_fit
 from .tasks.bijection import WindTunnel
-from .transformer import CausalTransformer, parameter_groups
+from .transformer import CausalTransformer
 from .validation import check_float, check_float_list, check_tensor
 from .windtunnel import supervised_log_probs
 
@@ -68,7 +68,7 @@ def law_probe(model: CausalTransformer, optimizer: torch.optim.AdamW, task: Wind
     opt.step()
     with torch.no_grad():
         _, after = supervised_log_probs(twin, tokens, task, inspect=True)
-    groups = parameter_groups(twin)
+    groups = twin.parameter_roles()
     now = {n: p.detach() for n, p in twin.named_parameters()}
     out = []
     for layer, ((alpha, v, u), (s0, ds), tr) in enumerate(zip(pre, scores, after)):
@@ -425,6 +425,15 @@ def _realized_steps(twin: CausalTransformer, tokens: Tensor, grad_theta: dict, q
     return all_steps, layer_steps, wv_steps
 
 
+def _split_gradients(grads, names: list[str], n_layers: int):
+    """The gradients of one ``autograd.grad`` call over (parameters, scores, values, head
+    outputs) split back: by parameter name, then per layer dL/ds, dL/dv and u = dL/d(head
+    output), detached."""
+    n = len(names)
+    per_layer = [[t.detach() for t in grads[n + i * n_layers:n + (i + 1) * n_layers]] for i in range(3)]
+    return dict(zip(names, grads[:n])), *per_layer
+
+
 def kernel_law_probe(model: CausalTransformer, task: WindTunnel, tokens: Tensor, targets: Tensor, *,
                      lrs: Sequence[float] = (1e-3, 1e-2, 1e-1)) -> list[dict]:
     """R1 and R2 inside the model, and what a plain gradient step does to the scores and the
@@ -504,10 +513,7 @@ def kernel_law_probe(model: CausalTransformer, task: WindTunnel, tokens: Tensor,
     values = [tr.v for tr in traces]
     outs = [tr.attention.output for tr in traces]
     grads = torch.autograd.grad(loss, params + scores + values + outs, retain_graph=True)
-    grad_theta = dict(zip(names, grads[:len(params)]))
-    g_s = [t.detach() for t in grads[len(params):len(params) + n_layers]]
-    g_v = [t.detach() for t in grads[len(params) + n_layers:len(params) + 2 * n_layers]]
-    u = [t.detach() for t in grads[len(params) + 2 * n_layers:]]
+    grad_theta, g_s, g_v, u = _split_gradients(grads, names, n_layers)
     alpha = [tr.attention.weights.detach() for tr in traces]
     s0 = [s.detach() for s in scores]
     v0 = [v.detach() for v in values]

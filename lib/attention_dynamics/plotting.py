@@ -85,7 +85,7 @@ def geometry_panels(steps, measures: list[dict], V: int, L: int):
     training*): value-manifold variance shares, the entropy ordering |rho| of the leading
     value coordinate, the key frame's |cos| against random vectors and a simplex, attention
     entropy, the calibration error, and attention entropy by position at the end.
-    ``measures``: one :func:`attention_dynamics.geometry.measure` result per checkpoint."""
+    ``measures``: one :func:`attention_dynamics.geometry.measure_model` result per checkpoint."""
     n_layers = len(measures[0]["layers"])
 
     def per_layer(key, reduce=lambda x: x):

@@ -17,7 +17,7 @@ from .agreement import sign_agreement
 from .laws import advantage, compatibility
 from .tasks.primitives import Batch
 from .ssm import SSMModel
-from .transformer import CausalTransformer, log_probs_at, parameter_groups
+from .transformer import CausalTransformer, log_probs_at
 from .validation import check_choice, check_float, check_float_list
 
 __all__ = ["routing_probe", "routing_law_split"]
@@ -42,7 +42,7 @@ def _mean_advantage(w: Tensor, b: Tensor, rows: Tensor) -> Tensor:
 def _layer_routing_parameters(model: nn.Module, layer: int) -> list[str]:
     """The names of the routing parameters of one block (queries and keys; the SSM's
     x_proj, dt_proj and A_log)."""
-    return [n for n in parameter_groups(model)["routing"] if n.startswith(f"blocks.{layer}.")]
+    return [n for n in model.parameter_roles()["routing"] if n.startswith(f"blocks.{layer}.")]
 
 
 def _routing_state(twin: nn.Module, inputs, batch: Batch):

@@ -12,11 +12,17 @@ import hashlib
 import re
 from pathlib import Path
 
-__all__ = ["PACKAGE", "PACKAGE_DIR", "chapter_modules", "module_closure", "module_digest"]
+__all__ = ["PACKAGE", "PACKAGE_DIR", "PLUMBING", "chapter_modules", "module_closure", "module_digest"]
 
 PACKAGE = "attention_dynamics"
 PACKAGE_DIR = Path(__file__).resolve().parent
 SOURCE_SUFFIXES = (".c", ".h")  # compiled on the reader's machine; they change results too
+# The store's plumbing moves bytes and computes nothing: the trained-model store and where
+# it is, files written whole, and these keys themselves. A key that covered them would retrain every
+# stored model (some 15,000 CPU-seconds) and re-execute every chapter for a better lock or
+# a log line, so no closure enters them; what they import for a computation (the kernels'
+# paths) is reached through the code that computes.
+PLUMBING = frozenset({f"{PACKAGE}.artifacts", f"{PACKAGE}.files", f"{PACKAGE}.sources", f"{PACKAGE}.store"})
 
 
 def _module_file(dotted: str) -> Path | None:
@@ -82,13 +88,13 @@ def chapter_modules(notebook: Path) -> list[Path]:
 def module_closure(names) -> list[Path]:
     """The files of the package's modules ``names`` (dotted), of their enclosing packages
     and of everything they import, transitively, with the packages' non-Python sources;
-    sorted."""
+    sorted. The store's plumbing (:data:`PLUMBING`) is neither included nor entered."""
     todo, seen = set(names), {}
     while todo:
         name = todo.pop()
         for dotted in [*_parents(name), name]:
             f = _module_file(dotted)
-            if f is None or dotted in seen:
+            if f is None or dotted in seen or dotted in PLUMBING:
                 continue
             seen[dotted] = f
             todo |= _imported_names(ast.parse(f.read_text(encoding="utf-8")), dotted) - set(seen)

@@ -13,10 +13,10 @@ Rules: :class:`SGD` (one learning rate, or one per parameter), :class:`Prototype
 :class:`TorchOptimizer` (any ``torch.optim`` optimizer, for the transformer).
 
 **Roles.** Every parameter has one of three roles, the same words for a single head and
-for the transformer (:func:`attention_dynamics.transformer.parameter_groups`): ``routing``
+for the transformer (:meth:`attention_dynamics.transformer.CausalTransformer.parameter_roles`): ``routing``
 (the query and key maps, which decide the attention weights: the E-step), ``values`` (the
 value maps: the M-step) and ``other`` (the read-out and everything else). The EM-style
-schedule of the paper (R6, R7) is :func:`em_style`: the values at a fast rate, every other
+schedule of the paper (R6, R7) is :func:`em_style_rates`: the values at a fast rate, every other
 parameter at a slow one.
 """
 from __future__ import annotations
@@ -37,7 +37,7 @@ __all__ = [
     "SGD",
     "ROLES",
     "HEAD_ROLES",
-    "em_style",
+    "em_style_rates",
     "head_rates",
     "PrototypeMStep",
     "NormalizedValueStep",
@@ -102,11 +102,11 @@ class SGD:
                 params[name].sub_(self.rate(name, params[name]) * g)
 
 
-def em_style(slow_lr, value_lr) -> dict[str, float]:
+def em_style_rates(slow_lr, value_lr) -> dict[str, float]:
     """The EM-style schedule of the paper (R6, R7), as a learning rate per role: the values
     at ``value_lr`` (the M-step, fast), the routing and every other parameter at
     ``slow_lr`` (the authors' script updates W_Q, W_K and the read-out W_O at the slow rate).
-    Plain SGD is ``em_style(lr, lr)``. Rates may be tensors of shape (R,), one per batched
+    Plain SGD is ``em_style_rates(lr, lr)``. Rates may be tensors of shape (R,), one per batched
     run. Chapters *Attention as a two-timescale EM algorithm* and *The sticky Markov chain*."""
     return {"routing": slow_lr, "values": value_lr, "other": slow_lr}
 

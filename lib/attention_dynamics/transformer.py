@@ -32,7 +32,7 @@ from .native import causal_attention_kernel, dispatch, in_threads, transposed_pa
 from .training import ROLES, History, StepOutput, TorchOptimizer, train
 from .validation import check_bool, check_choice, check_float, check_int, check_model_input
 
-__all__ = ["TransformerConfig", "CausalTransformer", "HeadTrace", "parameter_groups", "make_optimizer", "fit",
+__all__ = ["TransformerConfig", "CausalTransformer", "HeadTrace", "make_optimizer", "fit",
            "evaluating", "log_probs_at", "sequence_metrics", "causal_attention"]
 
 
@@ -237,6 +237,21 @@ class CausalTransformer(nn.Module):
                 traces.append(tr)
         return self.out(self.ln_f(h)), traces
 
+    def parameter_roles(self) -> dict[str, list[str]]:
+        """Parameter names by role (:data:`attention_dynamics.training.ROLES`): 'routing'
+        (query and key maps of every block), 'values' (value maps) and 'other' (everything
+        else). Every model :func:`fit` trains says its roles this way (the SSM of R9 too)."""
+        roles = {role: [] for role in ROLES}
+        for name, _ in self.named_parameters():
+            parts = name.split(".")
+            role = "other"
+            if parts[0] == "blocks" and parts[2] in ("q", "k"):
+                role = "routing"
+            elif parts[0] == "blocks" and parts[2] == "v":
+                role = "values"
+            roles[role].append(name)
+        return roles
+
     def freeze_channel(self, channel: str) -> None:
         """Switch one of the two channels of the gradient laws off, whatever else learns (the
         ablations of chapter *The laws at work*): from now on every layer takes its attention
@@ -255,23 +270,6 @@ class CausalTransformer(nn.Module):
         self.__dict__["_frozen_channel"] = (channel, source)
 
 
-def parameter_groups(model: CausalTransformer) -> dict[str, list[str]]:
-    """Parameter names by role (:data:`attention_dynamics.training.ROLES`): 'routing' (query
-    and key maps of every block), 'values' (value maps) and 'other' (everything else)."""
-    if hasattr(model, "parameter_roles"):  # another architecture trained by fit (the SSM of R9)
-        return model.parameter_roles()
-    groups = {role: [] for role in ROLES}
-    for name, _ in model.named_parameters():
-        parts = name.split(".")
-        role = "other"
-        if parts[0] == "blocks" and parts[2] in ("q", "k"):
-            role = "routing"
-        elif parts[0] == "blocks" and parts[2] == "v":
-            role = "values"
-        groups[role].append(name)
-    return groups
-
-
 def make_optimizer(model: CausalTransformer, *, lr: float, weight_decay: float = 0.0,
                    rates: dict[str, float] | None = None, frozen: tuple[str, ...] = ()) -> torch.optim.AdamW:
     """AdamW with one parameter group per trainable role, in the order of ROLES, each at
@@ -282,7 +280,7 @@ def make_optimizer(model: CausalTransformer, *, lr: float, weight_decay: float =
             raise ValueError(f"roles must be among {list(ROLES)}, got {role!r}")
     for role, r in rates.items():
         check_float(f"rates[{role!r}]", r, 0.0, None, low_open=True)
-    names = parameter_groups(model)
+    names = model.parameter_roles()
     named = dict(model.named_parameters())
     groups = []
     for role in ROLES:

@@ -143,8 +143,8 @@ def _train_together(sub: list[int], method: str, rates, *, n_steps: int, seq_len
                     eval_every: int, dense_until: int, max_loss: float):
     """Train the heads of the seeds ``sub`` together (:func:`run_trial`'s schedule of
     held-out evaluations); their history, or :class:`TrainingDiverged` naming the run."""
-    train_seq = sample_sequences(sub, n_states_seq=seq_len)
-    test_seq = sample_sequences([s + HELD_OUT for s in sub], n_states_seq=seq_len)
+    train_seq = sample_sequences(sub, seq_len=seq_len)
+    test_seq = sample_sequences([s + HELD_OUT for s in sub], seq_len=seq_len)
     held_out_fn = causal_head_loss_fn(test_seq.x, test_seq.y, block=block)
 
     def held_out(step, p, out):
@@ -251,7 +251,7 @@ def step_seconds(arms: dict[str, tuple[str, float]], seeds, *, ratio: float, seq
     seeds = check_int_list("seeds", list(seeds), 0, 2**31 - 1 - HELD_OUT)
     steps = check_int("steps", steps, 1, None)
     rounds = check_int("rounds", rounds, 1, None)
-    train_seq = sample_sequences(seeds, n_states_seq=check_int("seq_len", seq_len, 3, None))
+    train_seq = sample_sequences(seeds, seq_len=check_int("seq_len", seq_len, 3, None))
     loss_fn = causal_head_loss_fn(train_seq.x, train_seq.y, block=block)
     times: dict[str, list[float]] = {name: [] for name in arms}
     for r in range(rounds + 1):

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .artifacts import stored
+from .artifacts import load_or_make
 from .tasks.bijection import EvalSet, WindTunnel, eval_set, sample_batch, supervised_positions
 from .training import History
 from .transformer import CausalTransformer, TransformerConfig, fit, log_probs_at, make_optimizer
@@ -119,7 +119,7 @@ class WindTunnelConfig:
             return {"loss": torch.as_tensor(hist.loss), "steps": [s for s, _ in hist.checkpoints],
                     "states": [c for _, c in hist.checkpoints]}
 
-        payload, provenance = stored("windtunnel", settings, make, modules=[__name__])
+        payload, provenance = load_or_make("windtunnel", settings, make, modules=[__name__])
         return Trajectory(self, payload["loss"].numpy(), payload["steps"], payload["states"], provenance)
 
 

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from .artifacts import stored
+from .artifacts import load_or_make
 from .geometry import calibration_errors
 from .tasks.bijection import sample_batch, supervised_positions
 from .training import ROLES, StepOutput, TorchOptimizer, TrainingDiverged, train
@@ -87,6 +87,45 @@ def _optimizer(model, method: str, lr: float, slow: float) -> torch.optim.Optimi
     return torch.optim.SGD([{"params": g["params"], "lr": g["lr"]} for g in adamw.param_groups], lr=lr)
 
 
+def _train(cfg: WindTunnelConfig, method: str, lr: float, slow: float, eval_every: int, max_loss: float,
+           progress: bool) -> dict:
+    """The payload :func:`train_run` stores: the loss curve, or the step and cause of the
+    divergence, and the held-out curves (each row: KL per position, then the mean |entropy
+    error|) as far as the run got."""
+    task, ev, model = cfg.task, cfg.eval_set(), cfg.model()
+    positions = supervised_positions(task)
+    opt = _optimizer(model, method, lr, slow)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    curves = []  # kept as they come, so a run that diverges keeps what it had
+
+    def loss_fn(p):
+        # transformer.fit's step with another optimizer: fit builds AdamW itself, and a
+        # change to it would change the key of every stored wind-tunnel model
+        inputs, targets = sample_batch(task, cfg.batch, gen)
+        opt.zero_grad()
+        logp, _ = log_probs_at(model, inputs, positions)
+        loss = torch.nn.functional.nll_loss(logp.reshape(-1, logp.shape[-1]), targets.reshape(-1))
+        loss.backward()
+        return StepOutput(loss.detach(), {n: t.grad for n, t in trainable.items() if t.grad is not None})
+
+    def held_out(step, params, out):
+        with evaluating(model):
+            logp, _ = log_probs_at(model, ev.tokens, positions)
+        err = calibration_errors(logp, ev.bayes_bits, ev.posterior)
+        curves.append(torch.cat([err["kl_bits"], err["mae"].reshape(1)]))
+
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=cfg.n_steps)
+    done = {}
+    try:
+        h = train(trainable, loss_fn, TorchOptimizer(opt, scheduler=sched), cfg.n_steps, callback=held_out,
+                  every=eval_every, max_loss=max_loss, progress=progress, desc=f"{method} at {lr:g}")
+        done["loss"] = torch.as_tensor(h.loss)
+    except TrainingDiverged as e:
+        done.update(diverged_at=e.step, cause=e.cause)
+    return done | {"curves": torch.stack(curves).to(torch.float64)}
+
+
 def train_run(cfg: WindTunnelConfig, method: str, lr: float, *, eval_every: int, slow: float = SLOW,
               max_loss: float = 20.0, progress: bool = False) -> Run:
     """Train seed ``cfg.seed`` of ``cfg`` with ``method`` at base rate ``lr`` (cosine decay to
@@ -104,41 +143,9 @@ def train_run(cfg: WindTunnelConfig, method: str, lr: float, *, eval_every: int,
         "method": method, "lr": float(lr), "slow": float(slow), "eval_every": eval_every, "max_loss": max_loss}
     steps = sorted(set(range(0, cfg.n_steps + 1, eval_every)) | {cfg.n_steps})
 
-    def make() -> dict:
-        task, ev, model = cfg.task, cfg.eval_set(), cfg.model()
-        positions = supervised_positions(task)
-        opt = _optimizer(model, method, lr, slow)
-        gen = torch.Generator().manual_seed(cfg.seed)
-        trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
-        curves = []  # kept as they come, so a run that diverges keeps what it had
-
-        def loss_fn(p):
-            # transformer.fit's step with another optimizer: fit builds AdamW itself, and a
-            # change to it would change the key of every stored wind-tunnel model
-            inputs, targets = sample_batch(task, cfg.batch, gen)
-            opt.zero_grad()
-            logp, _ = log_probs_at(model, inputs, positions)
-            loss = torch.nn.functional.nll_loss(logp.reshape(-1, logp.shape[-1]), targets.reshape(-1))
-            loss.backward()
-            return StepOutput(loss.detach(), {n: t.grad for n, t in trainable.items() if t.grad is not None})
-
-        def held_out(step, params, out):
-            with evaluating(model):
-                logp, _ = log_probs_at(model, ev.tokens, positions)
-            err = calibration_errors(logp, ev.bayes_bits, ev.posterior)
-            curves.append(torch.cat([err["kl_bits"], err["mae"].reshape(1)]))
-
-        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=cfg.n_steps)
-        done = {}
-        try:
-            h = train(trainable, loss_fn, TorchOptimizer(opt, scheduler=sched), cfg.n_steps, callback=held_out,
-                      every=eval_every, max_loss=max_loss, progress=progress, desc=f"{method} at {lr:g}")
-            done["loss"] = torch.as_tensor(h.loss)
-        except TrainingDiverged as e:
-            done.update(diverged_at=e.step, cause=e.cause)
-        return done | {"curves": torch.stack(curves).to(torch.float64)}
-
-    payload, provenance = stored("windtunnel_rates", settings, make, modules=[__name__])
+    payload, provenance = load_or_make("windtunnel_rates", settings,
+                                       lambda: _train(cfg, method, lr, slow, eval_every, max_loss, progress),
+                                       modules=[__name__])
     curves = np.full((len(steps), len(supervised_positions(cfg.task)) + 1), np.inf)
     curves[:len(payload["curves"])] = payload["curves"].numpy()
     if "diverged_at" in payload:

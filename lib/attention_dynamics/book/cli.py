@@ -64,6 +64,9 @@ def _parser() -> argparse.ArgumentParser:
                     "pool of this size (at least 1; default: one per usable CPU)")
     ap.add_argument("--scheduler", metavar="ADDRESS", help="run the chapters (or the grid) on a Dask cluster "
                     "(e.g. tcp://host:8786); its workers share the repository's path and the model store")
+    ap.add_argument("--no-plans", dest="plans", action="store_false",
+                    help="let each chapter train its stored models itself (default: with more than one worker, "
+                    "the models a chapter will ask for are made first, as tasks of their own)")
     return ap
 
 
@@ -97,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             jobs = make_jobs(root, args.profile, only=args.only, overrides=overrides, out_dir=args.out, force=args.force)
             start = time.perf_counter()
-            results = run_chapters(jobs, args.workers, scheduler=args.scheduler)
+            results = run_chapters(jobs, args.workers, scheduler=args.scheduler, plans=args.plans)
             wall = time.perf_counter() - start
     except (NotebookFailed, ValueError, TypeError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -105,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted: the outputs of finished chapters are kept, nothing half-written is left", file=sys.stderr)
         return 130
-    workers = None if args.scheduler else local_workers(args.workers, len(results))
+    workers = getattr(results, "workers", None) if not args.grid else \
+        (None if args.scheduler else local_workers(args.workers, len(results)))
     print(timing_table(results, None if args.grid else wall, workers))
     if args.profile == "paper" and not (args.set or args.grid or args.out):
         for line in publish_paper_records(root, results):

@@ -14,7 +14,7 @@ from pathlib import Path
 from .cache import cache_key, cached_result, file_digest, library_digest
 from .jobs import Job, JobResult, NotebookFailed
 from .provenance import append_provenance, provenance, repository
-from .records import write_json_atomic
+from ..files import write_json_atomic
 
 __all__ = ["execute", "KERNEL_ARGUMENTS"]
 
@@ -23,6 +23,10 @@ __all__ = ["execute", "KERNEL_ARGUMENTS"]
 # ERROR for the interrupt jupyter_client sends before every shutdown: both would print once
 # per chapter. A failing cell still reaches the reader, through papermill's exception.
 KERNEL_ARGUMENTS = ["--IPKernelApp.log_level=CRITICAL"]
+# papermill gives a kernel 60 s to start; on a loaded machine (four processes on two cores,
+# 2026-12-02) one took longer and the chapter failed in "start-up". Waiting longer costs a
+# healthy start nothing.
+KERNEL_START_TIMEOUT_S = 300
 
 
 def execute(job: Job, progress_bar: bool = False) -> JobResult:
@@ -51,7 +55,8 @@ def execute(job: Job, progress_bar: bool = False) -> JobResult:
         try:
             pm.execute_notebook(job.notebook, str(tmp_nb), parameters=params, kernel_name="python3",
                                 cwd=str(Path(job.notebook).parent), progress_bar=bar,
-                                request_save_on_cell_execute=False, extra_arguments=KERNEL_ARGUMENTS)
+                                request_save_on_cell_execute=False, extra_arguments=KERNEL_ARGUMENTS,
+                                start_timeout=KERNEL_START_TIMEOUT_S)
         except pm.PapermillExecutionError as e:
             frames = [_strip_ansi(t) for t in (e.traceback or []) if "Cell In[" in _strip_ansi(t)]
             tail = frames[-1].splitlines()[0] if frames else ""
@@ -80,6 +85,7 @@ def _stamped_record(job: Job, key: str, seconds: float, tmp_nb: Path, tmp_rec: P
     record = json.loads(tmp_rec.read_text(encoding="utf-8"))
     record["provenance"] = provenance(job, key, seconds)
     record["provenance"]["paths"] = record.pop("paths", {})
+    record["provenance"]["models"] = record.pop("models", [])
     record["provenance"]["notebook_sha256"] = file_digest(Path(job.notebook))
     record["provenance"]["library_digest"] = library_digest(job)
     append_provenance(tmp_nb, record["provenance"], repository(Path(job.root)))

@@ -56,6 +56,9 @@ class JobResult:
     status: str  # "ran" or "cached"
     seconds: float
     record: dict = field(default_factory=dict)
+    planned: tuple[str, ...] = ()  # the stored models made for it first, as tasks (their files)
+    planned_failed: tuple[str, ...] = ()  # the plan's tasks that failed (left to the chapter)
+    planned_seconds: tuple[float, ...] = ()  # what each of ``planned`` took to make (or load)
 
 
 def make_jobs(root: Path, profile: str, *, only: list[str] | None = None, overrides: dict | None = None,

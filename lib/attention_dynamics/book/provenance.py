@@ -90,6 +90,22 @@ def launch_links(repo: dict, name: str) -> dict[str, str]:
     }
 
 
+def _models_text(models: list[dict]) -> str:
+    """The trained models a chapter took from the store or made and stored, with the
+    seconds their training took (:func:`attention_dynamics.artifacts.models_used`)."""
+    from ..store import recorded_models
+
+    models = recorded_models(models)
+    if not models:
+        return "none"
+    parts = []
+    for loaded, verb in ((True, "loaded from the store (trained in {:.0f} s)"), (False, "trained here in {:.0f} s")):
+        group = [m["seconds"] for m in models if m["loaded"] is loaded]
+        if group:
+            parts.append(f"{len(group)} " + verb.format(sum(group)))
+    return "; ".join(parts)
+
+
 def provenance_markdown(prov: dict, repo: dict) -> str:
     """The footer every chapter of the book ends with."""
     params = json.dumps(prov["parameters"], sort_keys=True)
@@ -109,6 +125,7 @@ def provenance_markdown(prov: dict, repo: dict) -> str:
         f"| software | Python {prov['python']}, PyTorch {prov['torch']} |",
         f"| executed | {prov['executed_at']} in {prov['seconds']:.0f} s on {prov['machine']} |",
         f"| computation paths | {_paths_text(prov.get('paths', {}))} |",
+        f"| stored models | {_models_text(prov.get('models', []))} |",
         "",
         "To reproduce it exactly, from the repository root:",
         "",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .jobs import RESULTS, JobResult
-from .records import write_json_atomic
+from ..files import write_json_atomic
 
 __all__ = ["publish_paper_records"]
 

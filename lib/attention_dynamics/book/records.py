@@ -11,14 +11,14 @@ and the computation paths the notebook ran).
 """
 from __future__ import annotations
 
-import json
 import math
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Record", "to_jsonable", "write_json_atomic", "write_text_atomic"]
+from ..files import write_json_atomic
+
+__all__ = ["Record", "to_jsonable"]
 
 
 def to_jsonable(value: Any) -> Any:
@@ -36,34 +36,6 @@ def to_jsonable(value: Any) -> Any:
     if isinstance(value, (bool, int, float, str)) or value is None:
         return value
     raise TypeError(f"cannot record a value of type {type(value).__name__}")
-
-
-def _current_umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-_UMASK = _current_umask()
-
-
-def write_text_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write to a temporary file beside ``path`` and rename, so no reader sees half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes files private (0600); give them an ordinary file's mode
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
-def write_json_atomic(path: str | os.PathLike, data: Any) -> None:
-    write_text_atomic(path, json.dumps(data, indent=1, sort_keys=True, allow_nan=False) + "\n")
 
 
 class Record:
@@ -89,13 +61,15 @@ class Record:
         return self.values[name]
 
     def save(self) -> None:
-        """Write the values, and the computation paths this process ran (compiled kernels or
-        PyTorch, :func:`attention_dynamics.native.paths_taken`), which the runner files
-        under the provenance."""
+        """Write the values, the computation paths this process ran (compiled kernels or
+        PyTorch, :func:`attention_dynamics.native.paths_taken`) and the stored models it used
+        (:func:`attention_dynamics.artifacts.models_used`), which the runner files under the
+        provenance."""
         if self.path is not None:
+            from ..artifacts import models_used
             from ..native import paths_taken
 
-            write_json_atomic(self.path, {"values": self.values, "paths": paths_taken()})
+            write_json_atomic(self.path, {"values": self.values, "paths": paths_taken(), "models": models_used()})
 
 
 def _glue(name: str, value: Any) -> None:

@@ -12,11 +12,12 @@ import json
 import os
 import sys
 from contextlib import contextmanager
-from concurrent.futures import FIRST_COMPLETED, Executor, wait
+from concurrent.futures import Executor
 from pathlib import Path
 
-from .execution import execute
+from ..store import missing_seconds, own_seconds
 from .jobs import RESULTS, Job, JobResult
+from .dispatch import Dispatch, one_after_another
 
 __all__ = ["usable_cpus", "expected_seconds", "longest_first", "run_chapters", "run_jobs", "run_grid",
            "dask_executor", "local_workers", "SCHEDULER_TIMEOUT_S"]
@@ -33,14 +34,21 @@ THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"
 
 
 def _use_threads(threads: int) -> None:
-    """In a worker: the kernels it starts (and their PyTorch) use this many threads."""
+    """In a worker: the kernels it starts (and their PyTorch) use this many threads, and so
+    does the worker itself where it makes a planned model (a forked worker inherits the
+    runner's PyTorch with its thread count already set)."""
     for var in THREAD_VARIABLES:
         os.environ[var] = str(threads)
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(threads)
 
 
 def expected_seconds(job: Job) -> float:
-    """How long the chapter took last time: its record in the output folder, else (paper
-    profile) the committed paper record; 0 when neither says."""
+    """How long the chapter will take, from its last run (its record in the output folder,
+    else, paper profile, the committed paper record; 0 when neither says): that run's own
+    seconds, without the models it trained then, plus the training seconds of the stored
+    models it used that are not in the store now (a fresh store, or a change to the code
+    that makes them)."""
     for path in (job.record, Path(job.root) / RESULTS / f"{job.name}.json"):
         try:
             record = json.loads(Path(path).read_text(encoding="utf-8"))
@@ -48,7 +56,7 @@ def expected_seconds(job: Job) -> float:
             continue
         prov = record.get("provenance", {})
         if prov.get("profile") == job.profile and isinstance(prov.get("seconds"), (int, float)):
-            return float(prov["seconds"])
+            return own_seconds(prov) + missing_seconds(prov.get("models"))
     return 0.0
 
 
@@ -64,66 +72,93 @@ def local_workers(workers: int | None, n_jobs: int) -> int:
 
 
 def run_chapters(jobs: list[Job], workers: int | None = None, *, scheduler: str | None = None,
-                 progress: bool = True) -> list[JobResult]:
+                 progress: bool = True, plans: bool = True) -> list[JobResult]:
     """Run chapters :func:`local_workers` at a time, longest first, each worker's kernels
     with CPUs // workers threads, or, with ``scheduler``, longest first on the Dask cluster
-    at that address; the results come back in the order of ``jobs``."""
+    at that address; the results come back in the order of ``jobs``. With ``plans``, the
+    stored models the chapters that must run will ask for (:mod:`attention_dynamics.book.plans`)
+    are made first, as tasks of their own, and each such chapter starts when its models
+    exist (one worker: each chapter's models right before it)."""
+    planned, follow = planned_models(jobs) if plans else ({}, {})
+    n_models = len({t.identity for ts in planned.values() for t in ts})
     if scheduler:
         executor = dask_executor(scheduler)
         line = f"{len(jobs)} chapters on the Dask cluster at {scheduler}, longest first"
     else:
-        workers = local_workers(workers, len(jobs))
+        # one per chapter and per model made first; a follow-up's models are not known yet
+        workers = local_workers(workers, len(jobs) + n_models + (usable_cpus() if follow else 0))
         if workers <= 1:
-            return run_jobs(jobs, progress=progress)
+            return Results(run_jobs(jobs, progress=progress, plans=planned, follow_ups=follow), workers=1)
         from concurrent.futures import ProcessPoolExecutor
 
         threads = max(1, usable_cpus() // workers)
         executor = ProcessPoolExecutor(max_workers=workers, initializer=_use_threads, initargs=(threads,))
         line = f"{len(jobs)} chapters, {workers} side by side, {threads} thread(s) each"
-    if progress:
-        print(line, flush=True)
     with executor as pool:
-        results = {r.name: r for r in run_jobs(longest_first(jobs), pool, progress=progress)}
-    return [results[j.stem] for j in jobs]
+        if (planned or follow) and getattr(pool, "threads_per_worker", 1) > 1:
+            # two models made at once in one process would share PyTorch's global generator
+            print(f"warning: a Dask worker runs {pool.threads_per_worker} threads; the stored models are left to "
+                  f"their chapters (start the workers with --nthreads 1 to make them as tasks)", flush=True)
+            planned, follow, n_models = {}, {}, 0
+        if progress:
+            print(line + (f"; first {n_models} stored model(s) of {len(planned)} chapter(s), as tasks"
+                          if n_models else ""), flush=True)
+        results = {r.name: r for r in run_jobs(longest_first(jobs), pool, progress=progress, plans=planned,
+                                               follow_ups=follow)}
+    return Results([results[j.stem] for j in jobs], workers=None if scheduler else workers)
 
 
-def _report(i: int, total: int, r: JobResult) -> None:
-    print(f"[{i}/{total}] {r.name}: {r.status}" + (f" in {r.seconds:.1f} s" if r.status == "ran" else ""), flush=True)
+class Results(list):
+    """The chapters' results in book order, with the local pool's size (None on Dask)."""
+
+    def __init__(self, results, *, workers: int | None):
+        super().__init__(results)
+        self.workers = workers
 
 
-def run_jobs(jobs: list[Job], executor: Executor | None = None, *, progress: bool = True) -> list[JobResult]:
+def planned_models(jobs: list[Job]) -> tuple[dict[str, list], dict[str, object]]:
+    """The plans (:func:`attention_dynamics.book.plans.plan`) and follow-ups
+    (:func:`~attention_dynamics.book.plans.follow_up`) of the chapters that will run (a
+    chapter whose outputs are cached needs no model). A plan that cannot be made (a bug in
+    it) is reported and left out: its chapter trains its own models."""
+    from .cache import cache_key, cached_result
+    from .plans import follow_up, plan
+
+    tasks, follow = {}, {}
+    for job in jobs:
+        if cached_result(job, cache_key(job))[0] is not None:
+            continue
+        try:
+            mine, then = plan(job), follow_up(job)
+        except Exception as e:
+            print(f"warning: {job.stem}: its plan failed ({type(e).__name__}: {e}); the chapter makes its own "
+                  f"models", flush=True)
+            continue
+        if mine:
+            tasks[job.stem] = mine
+        if then is not None:
+            follow[job.stem] = then
+    return tasks, follow
+
+
+def run_jobs(jobs: list[Job], executor: Executor | None = None, *, progress: bool = True,
+             plans: dict[str, list] | None = None, follow_ups: dict | None = None) -> list[JobResult]:
     """Run jobs one after another, or on any concurrent.futures executor (a process
     pool, or a Dask cluster's ``client.get_executor()``). Prints one line per finished
     chapter (and, on a terminal, a per-cell bar while one runs). Stops at the first
     failure: jobs not yet started are cancelled, running ones finish, then the failure
-    (with its chapter, cell and cause) is raised."""
-    results: list[JobResult] = []
-    total = len(jobs)
+    (with its chapter, cell and cause) is raised. The results come back in the order of
+    ``jobs``.
+
+    ``plans``: chapter name -> the models to make first
+    (:class:`attention_dynamics.book.plans.ModelTask`), each made once however many
+    chapters plan it; ``follow_ups``: chapter name -> a call that returns more tasks once
+    that chapter's first models exist (:mod:`attention_dynamics.book.dispatch`). A model
+    that fails is reported and left to its chapter, which makes it itself and, if it fails
+    again, says where."""
     if executor is None:
-        for i, job in enumerate(jobs, 1):
-            r = execute(job, progress_bar=progress and sys.stderr.isatty())
-            results.append(r)
-            if progress:
-                _report(i, total, r)
-        return results
-    futures = [executor.submit(execute, job) for job in jobs]
-    done_count = 0
-    pending = set(futures)
-    while pending:
-        # each chapter reported as it finishes (FIRST_EXCEPTION would wait for all of them
-        # unless one failed); a failure is seen as soon as its chapter ends either way
-        done, pending = wait(pending, return_when=FIRST_COMPLETED)
-        failed = [f for f in done if f.exception() is not None]
-        if failed:
-            for f in pending:
-                f.cancel()
-            wait(pending)  # running jobs finish and clean up after themselves
-            raise failed[0].exception()
-        for f in done:
-            done_count += 1
-            if progress:
-                _report(done_count, total, f.result())
-    return [f.result() for f in futures]
+        return one_after_another(jobs, progress, plans or {}, dict(follow_ups or {}))
+    return Dispatch(executor, jobs, plans or {}, dict(follow_ups or {}), progress).run()
 
 
 SCHEDULER_TIMEOUT_S = 10
@@ -141,7 +176,10 @@ def dask_executor(scheduler: str):
         raise ValueError(f"cannot reach the Dask scheduler at {scheduler} within {SCHEDULER_TIMEOUT_S} s "
                          f"({type(e).__name__})") from None
     with client:
-        yield client.get_executor()
+        executor = client.get_executor()
+        # plans need one thread per worker (models made in one process share its generator)
+        executor.threads_per_worker = max(client.nthreads().values(), default=1)
+        yield executor
 
 
 def run_grid(jobs: list[Job], workers: int | None, scheduler: str | None) -> list[JobResult]:

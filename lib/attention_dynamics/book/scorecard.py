@@ -80,7 +80,7 @@ def read_records(folder: Path) -> dict[str, dict]:
 
 def write_scorecard(chapters_dir: Path, out: Path) -> list[dict]:
     """Read every NAME.json in chapters_dir, write the page, return the rows."""
-    from .records import write_text_atomic
+    from ..files import write_text_atomic
 
     records = read_records(chapters_dir)
     rows = evaluate(records)

@@ -33,6 +33,7 @@ from typing import Callable, TypeVar
 
 import torch
 
+from ..files import replaced_atomically
 from ..machine import cpu_info, cpu_model, processor_key
 
 __all__ = ["causal_head_kernel", "causal_attention_kernel", "selective_scan_kernel", "NativeUnavailable",
@@ -60,6 +61,10 @@ _loaded: dict[tuple, ctypes.CDLL | NativeUnavailable] = {}
 _taken: dict[str, str] = {}
 _targets: dict[str, str] = {}
 T = TypeVar("T")
+
+
+class _BuildFailed(Exception):
+    """The compiler ran and refused the source; the message is the end of its errors."""
 
 
 class NativeUnavailable(RuntimeError):
@@ -153,7 +158,7 @@ def dispatch(name: str, requested: bool | None, fits: bool, kernel: Callable[[],
 @contextlib.contextmanager
 def recording():
     """The default paths taken inside the block, as a dict filled when it ends (what made a
-    stored artifact: :func:`attention_dynamics.artifacts.stored`)."""
+    stored artifact: :func:`attention_dynamics.artifacts.load_or_make`)."""
     global _taken
     outer, _taken, seen = _taken, {}, {}
     try:
@@ -207,20 +212,15 @@ def _build(source: Path, defines: dict[str, int]) -> tuple[Path, str]:
         path = _cache_dir() / f"{source.stem}-{key}.so"
         if path.is_file():
             return path, target
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".so")
-        os.close(fd)
         try:
-            done = subprocess.run([cc, *args, str(source), "-o", tmp, "-lm"], capture_output=True, text=True,
-                                  timeout=300)
-            if done.returncode == 0:
-                os.replace(tmp, path)
-                return path, target
-            failures.append(f"{target}: {done.stderr.strip()[-300:]}")
-        except (OSError, subprocess.SubprocessError) as e:
+            with replaced_atomically(path, mode=0o777) as tmp:
+                done = subprocess.run([cc, *args, str(source), "-o", str(tmp), "-lm"], capture_output=True,
+                                      text=True, timeout=300)
+                if done.returncode != 0:
+                    raise _BuildFailed(done.stderr.strip()[-300:])
+            return path, target
+        except (OSError, subprocess.SubprocessError, _BuildFailed) as e:
             failures.append(f"{target}: {e}")
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
     raise NativeUnavailable(f"{cc} failed to build {source.name} ({'; '.join(failures)})")
 
 

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .artifacts import stored
+from .artifacts import load_or_make
 from .ssm import SSMConfig, SSMModel
 from .tasks.primitives import Batch, make_task
 from .transformer import CausalTransformer, TransformerConfig, evaluating, fit, log_probs_at
@@ -117,7 +117,7 @@ def trained(arch: str, task_name: str, seed: int, cfg: PrimitivesConfig, *, task
         return {"state": model.state_dict(), "loss": torch.as_tensor(hist.loss),
                 "seconds": time.perf_counter() - start}
 
-    saved, prov = stored("primitives", settings, make, modules=[__name__])
+    saved, prov = load_or_make("primitives", settings, make, modules=[__name__])
     model = build_model(arch, task, cfg, seed)
     model.load_state_dict(saved["state"])
     return TrainedModel(arch, task, seed, model, saved["loss"].numpy(), saved["seconds"], prov)
