@@ -28,7 +28,7 @@ from .jobs import NotebookFailed, make_grid_jobs, make_jobs
 from .profiles import PROFILES, find_root, format_value, parse_value
 from .provenance import CLI
 from .publishing import publish_paper_records
-from .scheduling import local_workers, run_chapters, run_grid
+from .scheduling import run_chapters, run_grid
 from .timetable import timing_table
 
 __all__ = ["main"]
@@ -108,9 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted: the outputs of finished chapters are kept, nothing half-written is left", file=sys.stderr)
         return 130
-    workers = getattr(results, "workers", None) if not args.grid else \
-        (None if args.scheduler else local_workers(args.workers, len(results)))
-    print(timing_table(results, None if args.grid else wall, workers))
+    print(timing_table(results, None if args.grid else wall, results.workers))
     if args.profile == "paper" and not (args.set or args.grid or args.out):
         for line in publish_paper_records(root, results):
             print(line)

@@ -182,13 +182,13 @@ def dask_executor(scheduler: str):
         yield executor
 
 
-def run_grid(jobs: list[Job], workers: int | None, scheduler: str | None) -> list[JobResult]:
+def run_grid(jobs: list[Job], workers: int | None, scheduler: str | None) -> "Results":
     if scheduler:
         with dask_executor(scheduler) as executor:
-            return run_jobs(jobs, executor)
+            return Results(run_jobs(jobs, executor), workers=None)
     if workers and workers > 1:
         from concurrent.futures import ProcessPoolExecutor
 
         with ProcessPoolExecutor(max_workers=workers) as pool:
-            return run_jobs(jobs, pool)
-    return run_jobs(jobs)
+            return Results(run_jobs(jobs, pool), workers=workers)
+    return Results(run_jobs(jobs), workers=1)

@@ -38,9 +38,9 @@ def timing_table(results: list[JobResult], wall_seconds: float | None = None, wo
         # a chapter after the longest of its models: the critical path when models are tasks
         path = max((max(r.planned_seconds, default=0.0) + r.seconds for r in results if r.status == "ran"),
                    default=0.0)
-        lines.append(f"{'bound: longest':<{width}}          {path:8.1f}  (the critical path: a chapter after "
-                     f"its longest model)" if models else
-                     f"{'bound: longest':<{width}}          {path:8.1f}  (the critical path of whole chapters)")
+        why = ("the critical path: a chapter after its longest model" if models
+               else "the critical path of whole chapters")
+        lines.append(f"{'bound: longest':<{width}}          {path:8.1f}  ({why})")
         if workers:
             lines.append(f"{'bound: even':<{width}}          {ran / workers:8.1f}  (executed now over {workers} workers)")
     return "\n".join(lines)
