@@ -174,15 +174,65 @@ def _wt_tuned_tests(p: dict) -> list[ModelTask]:
     return _wt_runs(p, [(m, lr, s) for m, lr in arms.values() for s in p["test_seeds"]], "test")
 
 
+def _tuned_setups(p: dict) -> tuple[dict, dict]:
+    """The keywords of the tuned comparison's sticky-chain and EM-task trials."""
+    return ({k: p[k] for k in ("ratio", "n_steps", "seq_len", "eval_every", "dense_until")},
+            {"task_seed": p["cluster_seed"], "ratio": p["ratio"], "n_steps": p["cluster_steps"]})
+
+
+def _tuned_trials(p: dict, sticky, cluster, what: str) -> list[ModelTask]:
+    """One task per stored trial (:mod:`attention_dynamics.tuned_trials`), ``sticky`` and
+    ``cluster`` giving their (method, base rate, seeds)."""
+    from ..tuned_trials import cluster_trial, sticky_trial
+
+    s_kw, c_kw = _tuned_setups(p)
+    return ([ModelTask(f"sticky chain, {m} at {lr:g}, {what} seeds",
+                       functools.partial(sticky_trial, m, lr, seeds, **s_kw)) for m, lr, seeds in sticky]
+            + [ModelTask(f"EM task, {m} at {lr:g}, {what} seeds",
+                         functools.partial(cluster_trial, m, lr, seeds, **c_kw)) for m, lr, seeds in cluster])
+
+
+def _tuned_grids(p: dict) -> tuple[dict, dict]:
+    from ..tuned_trials import method_grids
+
+    return (method_grids(p["sgd_lrs"], p["adam_lrs"], p["base_lrs"]),
+            method_grids(p["cluster_sgd_lrs"], p["cluster_adam_lrs"], p["cluster_base_lrs"], "cluster "))
+
+
+def _tuned_baselines(p: dict) -> list[ModelTask]:
+    grids, c_grids = _tuned_grids(p)
+    return _tuned_trials(p, [(m, lr, p["tuning_seeds"]) for m, g in grids.items() for lr in g],
+                         [(m, lr, p["cluster_tuning_seeds"]) for m, g in c_grids.items() for lr in g], "tuning")
+
+
+def _tuned_baselines_tests(p: dict) -> list[ModelTask]:
+    """The test trials, at the rates tuning chose: read from the stored tuning trials (which
+    the first tasks made), by the chapter's own rules (:mod:`attention_dynamics.tuned_trials`)."""
+    from ..tuned_trials import (cluster_arms, cluster_score, cluster_trial, held_out_levels, sticky_arms,
+                                sticky_score, sticky_trial, tuned_rates)
+
+    grids, c_grids = _tuned_grids(p)
+    s_kw, c_kw = _tuned_setups(p)
+    levels, _ = held_out_levels(p["tuning_seeds"], seq_len=p["seq_len"], level_fraction=p["level_fraction"])
+    tuning = {m: [sticky_trial(m, lr, p["tuning_seeds"], **s_kw) for lr in g] for m, g in grids.items()}
+    c_tuning = {m: [cluster_trial(m, lr, p["cluster_tuning_seeds"], **c_kw) for lr in g] for m, g in c_grids.items()}
+    arms = sticky_arms(tuned_rates(tuning, sticky_score(levels)), p["protocol_lr"])
+    c_arms = cluster_arms(tuned_rates(c_tuning, cluster_score(p["cluster_threshold"])), p["cluster_routing_lr"])
+    return _tuned_trials(p, [(m, lr, p["test_seeds"]) for m, lr in arms.values()],
+                         [(m, lr, p["cluster_test_seeds"]) for m, lr in c_arms.values()], "test")
+
+
 PLANNED: dict[str, Callable[[dict], list[ModelTask]]] = {
     "sticky_chain_deep": _deep, "inference_primitives": _inference_primitives, "ssm_routing": _ssm_routing,
     "wt_calibration": _wt_calibration, "wt_geometry": _wt_geometry, "wt_laws": _wt_laws, "wt_tuned": _wt_tuned,
+    "tuned_baselines": _tuned_baselines,
 }
 
 
 # Models whose settings depend on results: made when the plan's first tasks are (a task of
 # its own computes them, from the stored models, by the chapter's rule)
-FOLLOW_UPS: dict[str, Callable[[dict], list[ModelTask]]] = {"wt_tuned": _wt_tuned_tests}
+FOLLOW_UPS: dict[str, Callable[[dict], list[ModelTask]]] = {"wt_tuned": _wt_tuned_tests,
+                                                            "tuned_baselines": _tuned_baselines_tests}
 
 
 def chapter_parameters(job: Job) -> dict:
