@@ -1,7 +1,8 @@
 """The fair comparison's stored trials (attention_dynamics.tuned_trials): a stored trial is
 the trial run in place, bit for bit, whether it was made or loaded, diverged seeds and
 whole diverged trials included; its arguments are checked by name; and the rules that turn
-tuning into the test's arms give the arms the chapter names."""
+tuning into the test's arms (attention_dynamics.tuned_arms) give the arms the chapter names.
+Each test has a store of its own, so that none loads what another made."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,13 +11,18 @@ import numpy as np
 import pytest
 
 import attention_dynamics.tuning as tuning
-from attention_dynamics.tuned_trials import (CLUSTER_TASK, StoredTrial, cluster_arms, cluster_score, cluster_task,
-                                             cluster_trial, held_out_levels, method_grids, sticky_arms,
-                                             sticky_score, sticky_trial, tuned_rates)
+from attention_dynamics.tuned_arms import (check_seeds_apart, cluster_arms, cluster_score, held_out_levels,
+                                           method_grids, sticky_arms, sticky_score, tuned_rates)
+from attention_dynamics.tuned_trials import CLUSTER_TASK, StoredTrial, cluster_task, cluster_trial, sticky_trial
 from attention_dynamics.tuning import Trial, run_cluster_trial, run_trial, steps_below, steps_to_reach
 
 SMALL = dict(ratio=10.0, n_steps=40, seq_len=300, eval_every=10, dense_until=5)
 CLUSTER = dict(task_seed=0, ratio=10.0, n_steps=60)
+
+
+@pytest.fixture(autouse=True)
+def own_store(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTENTION_DYNAMICS_ARTIFACTS", str(tmp_path / "store"))
 
 
 def assert_same_trial(stored: Trial, direct: Trial) -> None:
@@ -41,6 +47,7 @@ def test_a_stored_sticky_trial_is_the_trial_made_and_loaded():
     assert made.provenance["path"] == loaded.provenance["path"]
     assert_same_trial(made, direct)
     assert_same_trial(loaded, direct)
+    assert loaded.seconds == made.seconds  # the time it took where it was made
     assert sticky_trial("EM-style", 0.05, [3, 4], **SMALL | {"n_steps": 41}).provenance["loaded"] is False
 
 
@@ -91,9 +98,17 @@ def test_the_cluster_task_is_the_chapters():
     (lambda: sticky_trial("SGD", 0.1, [1], **SMALL | {"n_steps": 0}), "n_steps"),
     (lambda: sticky_trial("SGD", 0.1, [1], **SMALL | {"seq_len": 2}), "seq_len"),
     (lambda: sticky_trial("SGD", 0.1, [1], **SMALL | {"eval_every": 0}), "eval_every"),
+    (lambda: sticky_trial("SGD", 0.1, [1], **SMALL | {"dense_until": -1}), "dense_until"),
+    (lambda: sticky_trial("SGD", "0.1", [1], **SMALL), "lr"),
+    (lambda: sticky_trial("SGD", 0.1, 1, **SMALL), "seeds"),
     (lambda: cluster_trial("SGD", 0.1, [1], **CLUSTER | {"task_seed": -1}), "task_seed"),
     (lambda: cluster_trial("SGD", 0.1, [1], **CLUSTER | {"n_steps": 0}), "n_steps"),
     (lambda: method_grids([1, 2], [1, 2], [1, 2, 3], "cluster "), "cluster grid"),
+    (lambda: method_grids([1, 2], [2, 1], [1, 2]), "Adam grid must be increasing"),
+    (lambda: method_grids([1, 1], [1, 2], [1, 2]), "SGD grid must be increasing"),
+    (lambda: method_grids([1, 2], [1, 2], [0, 2]), "base grid"),
+    (lambda: check_seeds_apart([1, 2], [10_002], [0], [1]), "tuning_seeds"),
+    (lambda: check_seeds_apart([1, 2], [3], [0, 1], [1]), "cluster_tuning_seeds"),
     (lambda: held_out_levels([1], seq_len=300, level_fraction=0.0), "level_fraction"),
 ])
 def test_bad_arguments_are_refused_by_name(call, name):
@@ -113,6 +128,7 @@ def test_the_arms_are_each_method_at_its_rate_the_references_and_the_two_control
     c = cluster_arms(chosen, 0.1)
     assert list(c)[5:7] == ["chapter's ratio 1", "chapter's ratio 10"]
     assert c["chapter's ratio 1"] == ("SGD", 0.1) and c["chapter's ratio 10"] == ("EM-style", 0.1)
+    check_seeds_apart([1, 2], [42, 2024], [100, 101], [0, 1])  # the chapter's seeds: apart
     grids = method_grids([1, 2], [3, 4], [5, 6])
     assert list(grids) == list(tuning.METHODS) and grids["fast W_O"] == [5, 6] and grids["Adam"] == [3, 4]
 

@@ -13,7 +13,8 @@ Training and its two timescales
     training        one training loop, pluggable update rules, roles and the EM-style schedule
     em              attention as EM (R6): mixtures, textbook EM, the head's E- and M-steps
     tuning          baselines tuned with the same budget as the EM-style schedule (R6, R7)
-    tuned_trials    the tuned comparison's trials, stored; the rules from tuning to the test's arms (R6, R7)
+    tuned_trials    the tuned comparison's trials, stored, so that a build makes them as tasks (R6, R7)
+    tuned_arms      from tuning to the test: grids, seeds kept apart, scores, chosen rates, arms (R6, R7)
     wt_tuning       the wind tunnel's fair comparison: a rate's trial, the test's arms (R6, R8)
 
 Models

@@ -193,13 +193,16 @@ def _tuned_trials(p: dict, sticky, cluster, what: str) -> list[ModelTask]:
 
 
 def _tuned_grids(p: dict) -> tuple[dict, dict]:
-    from ..tuned_trials import method_grids
+    from ..tuned_arms import method_grids
 
     return (method_grids(p["sgd_lrs"], p["adam_lrs"], p["base_lrs"]),
             method_grids(p["cluster_sgd_lrs"], p["cluster_adam_lrs"], p["cluster_base_lrs"], "cluster "))
 
 
 def _tuned_baselines(p: dict) -> list[ModelTask]:
+    from ..tuned_arms import check_seeds_apart
+
+    check_seeds_apart(p["tuning_seeds"], p["test_seeds"], p["cluster_tuning_seeds"], p["cluster_test_seeds"])
     grids, c_grids = _tuned_grids(p)
     return _tuned_trials(p, [(m, lr, p["tuning_seeds"]) for m, g in grids.items() for lr in g],
                          [(m, lr, p["cluster_tuning_seeds"]) for m, g in c_grids.items() for lr in g], "tuning")
@@ -207,9 +210,9 @@ def _tuned_baselines(p: dict) -> list[ModelTask]:
 
 def _tuned_baselines_tests(p: dict) -> list[ModelTask]:
     """The test trials, at the rates tuning chose: read from the stored tuning trials (which
-    the first tasks made), by the chapter's own rules (:mod:`attention_dynamics.tuned_trials`)."""
-    from ..tuned_trials import (cluster_arms, cluster_score, cluster_trial, held_out_levels, sticky_arms,
-                                sticky_score, sticky_trial, tuned_rates)
+    the first tasks made), by the chapter's own rules (:mod:`attention_dynamics.tuned_arms`)."""
+    from ..tuned_arms import cluster_arms, cluster_score, held_out_levels, sticky_arms, sticky_score, tuned_rates
+    from ..tuned_trials import cluster_trial, sticky_trial
 
     grids, c_grids = _tuned_grids(p)
     s_kw, c_kw = _tuned_setups(p)
