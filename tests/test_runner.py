@@ -318,6 +318,22 @@ def test_a_chapters_record_and_footer_say_which_stored_models_it_used(tmp_path, 
     assert loaded == dict(made, loaded=True)
 
 
+def test_a_record_saved_without_the_store_or_a_kernel_imports_neither(tmp_path):
+    """Record.save lists the stored models and kernels this process used, and does not
+    import their modules (and torch with them) to learn that a process that never imported
+    them used none. Positive side: the test above, a record that lists its model."""
+    import subprocess
+    import sys
+
+    code = ("import json, sys\nfrom attention_dynamics.book.records import Record\n"
+            f"r = Record({str(tmp_path / 'r.json')!r})\nr['x'] = 1\nr.save()\n"
+            "print(json.dumps(sorted(m for m in ('torch', 'attention_dynamics.artifacts', "
+            "'attention_dynamics.native') if m in sys.modules)))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
+    assert json.loads((tmp_path / "r.json").read_text()) == {"values": {"x": 1}, "paths": {}, "models": []}
+
+
 @pytest.mark.parametrize("workers", [1, 2])
 def test_planned_models_are_made_first_and_their_chapter_loads_them(tmp_path, monkeypatch, capsys, workers):
     """book.plans: a chapter's models made as tasks of their own before it starts, once

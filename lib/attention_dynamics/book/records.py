@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
 from ..files import write_json_atomic
+
+_PACKAGE = __name__.rsplit(".", 2)[0]  # attention_dynamics
 
 __all__ = ["Record", "to_jsonable"]
 
@@ -66,10 +69,11 @@ class Record:
         (:func:`attention_dynamics.artifacts.models_used`), which the runner files under the
         provenance."""
         if self.path is not None:
-            from ..artifacts import models_used
-            from ..native import paths_taken
-
-            write_json_atomic(self.path, {"values": self.values, "paths": paths_taken(), "models": models_used()})
+            # a process that never imported them ran no kernel and used no stored model:
+            # importing them here would only cost a notebook without torch torch's import
+            native, artifacts = (sys.modules.get(f"{_PACKAGE}.{m}") for m in ("native", "artifacts"))
+            write_json_atomic(self.path, {"values": self.values, "paths": native.paths_taken() if native else {},
+                                          "models": artifacts.models_used() if artifacts else []})
 
 
 def _glue(name: str, value: Any) -> None:
