@@ -19,10 +19,10 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 @pytest.fixture(scope="session", autouse=True)
 def artifact_store(tmp_path_factory) -> Path:
     """Trained models the chapters share (attention_dynamics.artifacts) go to a folder of
-    this test run, so that no test loads what an earlier run or the book build stored; under
-    xdist a folder of each worker's (the quick book runs on one), so that no test loads what
-    a test running beside it made."""
-    folder = tmp_path_factory.getbasetemp() / "artifacts"
+    this test run, shared by its xdist workers, so that no test loads what an earlier run or
+    the book build stored."""
+    base = tmp_path_factory.getbasetemp()
+    folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "artifacts"
     folder.mkdir(exist_ok=True)
     os.environ["ATTENTION_DYNAMICS_ARTIFACTS"] = str(folder)
     return folder
