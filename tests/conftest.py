@@ -66,12 +66,3 @@ def quick_runs(request, tmp_path_factory, root):
     run.out_dir = out
     return run
 
-
-def pytest_collection_modifyitems(config, items):
-    """Under xdist (``-n``, with ``--dist loadgroup``), the tests that read the quick book
-    run on one worker, so that the book is executed once, and every other test with its
-    module's tests, so that a module's fixtures are built once: the groups spread over the
-    workers."""
-    for item in items:
-        group = "quick_book" if "quick_runs" in getattr(item, "fixturenames", ()) else item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group(group))
