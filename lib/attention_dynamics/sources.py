@@ -8,6 +8,7 @@ trained model (:mod:`attention_dynamics.artifacts`) covers those of its training
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import re
 from pathlib import Path
@@ -97,7 +98,7 @@ def module_closure(names) -> list[Path]:
             if f is None or dotted in seen or dotted in PLUMBING:
                 continue
             seen[dotted] = f
-            todo |= _imported_names(ast.parse(f.read_text(encoding="utf-8")), dotted) - set(seen)
+            todo |= _imported_names(_tree(f.read_text(encoding="utf-8")), dotted) - set(seen)
     files = set(seen.values())
     for f in list(files):
         if f.name == "__init__.py":
@@ -105,12 +106,25 @@ def module_closure(names) -> list[Path]:
     return sorted(files)
 
 
+# Parsing is most of a key's cost (a stored model's key parses some 20 files): each text is
+# parsed once per process, and looked up by the text itself, so an edited file is parsed anew.
+@functools.lru_cache(maxsize=1024)
+def _tree(text: str) -> ast.AST:
+    """The AST of a module's text, to read its imports (never to change it)."""
+    return ast.parse(text)
+
+
 def _code_without_prose(path: Path) -> bytes:
     """A Python file as the interpreter sees it, without its docstrings: the AST minus the
     docstrings, dumped. Editing a docstring, a comment or the layout changes no result, so it
     should retrain no model and re-execute no chapter (a map in a package's ``__init__`` would
     otherwise invalidate every stored model)."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return _dump_without_prose(path.read_text(encoding="utf-8"))
+
+
+@functools.lru_cache(maxsize=1024)
+def _dump_without_prose(text: str) -> bytes:
+    tree = ast.parse(text)
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
         if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
