@@ -65,4 +65,3 @@ def quick_runs(request, tmp_path_factory, root):
 
     run.out_dir = out
     return run
-
