@@ -11,7 +11,7 @@ from attention_dynamics.book.profiles import load_profiles
 from attention_dynamics.book.execution import execute
 from attention_dynamics.book.jobs import NotebookFailed, make_jobs
 from attention_dynamics.book.scheduling import run_jobs
-from support import make_root
+from support import TINY_CELLS, make_root
 
 def test_profiles_select_parameters_and_record_provenance(tmp_path):
     root = make_root(tmp_path)
@@ -268,7 +268,7 @@ def test_chapters_run_side_by_side_longest_first_with_one_thread_each(tmp_path, 
     """run_chapters: with two workers on two CPUs each kernel sees OMP_NUM_THREADS=1 (and
     PyTorch one thread), the chapter that took longest last time starts first, and the
     results come back in book order."""
-    from support import make_root
+    from support import TINY_CELLS, make_root
 
     from attention_dynamics.book import scheduling, timetable
     from attention_dynamics.files import write_json_atomic
@@ -316,6 +316,30 @@ def test_a_chapters_record_and_footer_say_which_stored_models_it_used(tmp_path, 
     job.output.unlink()  # run it again: now the model is loaded
     (loaded,) = execute(job).record["provenance"]["models"]
     assert loaded == dict(made, loaded=True)
+
+
+def test_the_kernel_talks_over_unix_sockets_in_a_private_folder_it_removes(tmp_path):
+    """Over TCP a kernel's port is picked free and bound later, and another process can
+    take it in between (CI lost a chapter so). Its channels are Unix sockets instead, in a
+    folder of this run's own, removed when the chapter ends."""
+    import os
+    import tempfile
+
+    cells = [TINY_CELLS[0], TINY_CELLS[1],
+             ("code", "import os\nfrom ipykernel import get_connection_info\n"
+                      "info = get_connection_info(unpack=True)\nrec['transport'] = info['transport']\n"
+                      "rec['ip'] = info['ip']\nipc = info['transport'] == 'ipc'\n"
+                      "rec['sockets'] = sorted(os.listdir(os.path.dirname(info['ip']))) if ipc else []\n"
+                      "rec.save()", [])]
+    root = make_root(tmp_path, cells=cells)
+    (job,) = make_jobs(root, "quick", out_dir=tmp_path / "out")
+    values = execute(job).record["values"]
+    assert values["transport"] == "ipc"
+    folder = os.path.dirname(values["ip"])
+    assert os.path.dirname(folder) == tempfile.gettempdir() and os.path.basename(folder).startswith("ad-kernel-")
+    assert values["sockets"] == [f"k-{n}" for n in range(1, 6)]
+    assert not os.path.exists(folder)
+    assert sorted(p.name for p in (root / "notebooks").iterdir()) == ["profiles.yml", "tiny.ipynb"]
 
 
 def test_a_record_saved_without_the_store_or_a_kernel_imports_neither(tmp_path):
@@ -542,7 +566,7 @@ def test_each_chapter_is_reported_as_it_finishes(tmp_path, monkeypatch):
     import time
     from concurrent.futures import ProcessPoolExecutor
 
-    from support import make_root
+    from support import TINY_CELLS, make_root
 
     from attention_dynamics.book import dispatch, scheduling
 

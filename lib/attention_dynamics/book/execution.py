@@ -9,6 +9,7 @@ import shutil
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from .cache import cache_key, cached_result, file_digest, library_digest
@@ -19,9 +20,9 @@ from ..files import write_json_atomic
 __all__ = ["execute", "KERNEL_ARGUMENTS"]
 
 
-# The kernel warns on every start that it talks over local TCP (it is local), and logs an
-# ERROR for the interrupt jupyter_client sends before every shutdown: both would print once
-# per chapter. A failing cell still reaches the reader, through papermill's exception.
+# The kernel logs an ERROR for the interrupt jupyter_client sends before every shutdown:
+# it would print once per chapter. A failing cell still reaches the reader, through
+# papermill's exception.
 KERNEL_ARGUMENTS = ["--IPKernelApp.log_level=CRITICAL"]
 # papermill gives a kernel 60 s to start; on a loaded machine (four processes on two cores,
 # 2026-12-02) one took longer and the chapter failed in "start-up". Waiting longer costs a
@@ -53,10 +54,11 @@ def execute(job: Job, progress_bar: bool = False) -> JobResult:
         bar = {"desc": job.stem, "leave": False, "ncols": shutil.get_terminal_size((80, 24)).columns} if progress_bar else False
         start = time.perf_counter()
         try:
-            pm.execute_notebook(job.notebook, str(tmp_nb), parameters=params, kernel_name="python3",
-                                cwd=str(Path(job.notebook).parent), progress_bar=bar,
-                                request_save_on_cell_execute=False, extra_arguments=KERNEL_ARGUMENTS,
-                                start_timeout=KERNEL_START_TIMEOUT_S)
+            with _kernel_channels() as config:
+                pm.execute_notebook(job.notebook, str(tmp_nb), parameters=params, kernel_name="python3",
+                                    cwd=str(Path(job.notebook).parent), progress_bar=bar,
+                                    request_save_on_cell_execute=False, extra_arguments=KERNEL_ARGUMENTS,
+                                    start_timeout=KERNEL_START_TIMEOUT_S, config=config)
         except pm.PapermillExecutionError as e:
             frames = [_strip_ansi(t) for t in (e.traceback or []) if "Cell In[" in _strip_ansi(t)]
             tail = frames[-1].splitlines()[0] if frames else ""
@@ -76,6 +78,27 @@ def execute(job: Job, progress_bar: bool = False) -> JobResult:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return JobResult(job.stem, "ran", seconds, record)
+
+
+@contextmanager
+def _kernel_channels():
+    """The kernel manager's configuration: on POSIX, the kernel's five channels are Unix
+    sockets in a private folder, removed afterwards. Over TCP, jupyter_client picks each
+    port by binding port 0 and letting it go before the kernel binds it; any process can
+    take it in between, and CI lost a chapter so (2026-12-02: "Address already in use", two
+    kernels starting on a Dask cluster's workers). A socket file in a folder of our own has
+    no such window. The folder is short (in the temporary folder, not the output folder):
+    a socket's path has room for about 100 bytes."""
+    from traitlets.config import Config
+
+    if os.name != "posix":
+        yield Config()
+        return
+    folder = tempfile.mkdtemp(prefix="ad-kernel-")
+    try:
+        yield Config({"KernelManager": {"transport": "ipc", "ip": os.path.join(folder, "k")}})
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _stamped_record(job: Job, key: str, seconds: float, tmp_nb: Path, tmp_rec: Path) -> dict:
