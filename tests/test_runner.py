@@ -268,7 +268,7 @@ def test_chapters_run_side_by_side_longest_first_with_one_thread_each(tmp_path, 
     """run_chapters: with two workers on two CPUs each kernel sees OMP_NUM_THREADS=1 (and
     PyTorch one thread), the chapter that took longest last time starts first, and the
     results come back in book order."""
-    from support import TINY_CELLS, make_root
+    from support import make_root
 
     from attention_dynamics.book import scheduling, timetable
     from attention_dynamics.files import write_json_atomic
@@ -340,6 +340,35 @@ def test_the_kernel_talks_over_unix_sockets_in_a_private_folder_it_removes(tmp_p
     assert values["sockets"] == [f"k-{n}" for n in range(1, 6)]
     assert not os.path.exists(folder)
     assert sorted(p.name for p in (root / "notebooks").iterdir()) == ["profiles.yml", "tiny.ipynb"]
+
+
+def test_socket_folders_stay_short_and_those_of_dead_runs_are_removed(tmp_path, monkeypatch):
+    """A $TMPDIR too long for a socket's path sends the folder to /tmp; a folder left by a
+    run that was killed (its process gone) is removed, one of a live process is kept."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    from attention_dynamics.book import execution
+
+    gone = subprocess.Popen([sys.executable, "-c", ""])
+    gone.wait()
+    stale, live = Path(f"/tmp/ad-kernel-{gone.pid}-test"), Path(f"/tmp/ad-kernel-{os.getpid()}-test")
+    stale.mkdir()
+    live.mkdir(exist_ok=True)
+    long = tmp_path / ("x" * execution.SOCKET_FOLDER_MAX)
+    long.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(long))
+    try:
+        with execution._kernel_channels() as config:
+            ip = config.KernelManager.ip
+            assert ip.startswith(f"/tmp/ad-kernel-{os.getpid()}-") and len(ip) + len("-5") <= 103
+        assert not stale.exists() and live.exists() and not Path(ip).parent.exists()
+    finally:
+        live.rmdir()
+        shutil.rmtree(stale, ignore_errors=True)
 
 
 def test_a_record_saved_without_the_store_or_a_kernel_imports_neither(tmp_path):
@@ -566,7 +595,7 @@ def test_each_chapter_is_reported_as_it_finishes(tmp_path, monkeypatch):
     import time
     from concurrent.futures import ProcessPoolExecutor
 
-    from support import TINY_CELLS, make_root
+    from support import make_root
 
     from attention_dynamics.book import dispatch, scheduling
 

@@ -80,6 +80,11 @@ def execute(job: Job, progress_bar: bool = False) -> JobResult:
     return JobResult(job.stem, "ran", seconds, record)
 
 
+# A Unix socket's path has room for 107 bytes on Linux (103 on macOS): the socket folder's
+# name adds under 30 bytes to its base, and the kernel "/k-N" to the folder.
+SOCKET_FOLDER_MAX = 90
+
+
 @contextmanager
 def _kernel_channels():
     """The kernel manager's configuration: on POSIX, the kernel's five channels are Unix
@@ -87,18 +92,32 @@ def _kernel_channels():
     port by binding port 0 and letting it go before the kernel binds it; any process can
     take it in between, and CI lost a chapter so (2026-12-02: "Address already in use", two
     kernels starting on a Dask cluster's workers). A socket file in a folder of our own has
-    no such window. The folder is short (in the temporary folder, not the output folder):
-    a socket's path has room for about 100 bytes."""
+    no such window. The folder is in the temporary folder (not the output folder, whose
+    path can be long), or in /tmp where $TMPDIR is too long for a socket's path; it is
+    named by this process, so that one killed without a chance to clean up is removed by
+    the next run."""
     from traitlets.config import Config
 
     if os.name != "posix":
         yield Config()
         return
-    folder = tempfile.mkdtemp(prefix="ad-kernel-")
+    base = tempfile.gettempdir()
+    if len(base) + 30 > SOCKET_FOLDER_MAX:
+        base = "/tmp"
+    _remove_stale_socket_folders(base)
+    folder = tempfile.mkdtemp(prefix=f"ad-kernel-{os.getpid()}-", dir=base)
     try:
         yield Config({"KernelManager": {"transport": "ipc", "ip": os.path.join(folder, "k")}})
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _remove_stale_socket_folders(base: str) -> None:
+    """Socket folders of runs whose process no longer exists."""
+    for d in Path(base).glob("ad-kernel-*"):
+        m = re.match(r"^ad-kernel-(\d+)-", d.name)
+        if m and d.is_dir() and not _pid_alive(int(m.group(1))):
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def _stamped_record(job: Job, key: str, seconds: float, tmp_nb: Path, tmp_rec: Path) -> dict:
