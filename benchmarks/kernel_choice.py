@@ -18,6 +18,7 @@ import argparse
 import datetime as dt
 import json
 import statistics
+import subprocess
 import time
 
 import torch
@@ -114,11 +115,16 @@ def main() -> None:
                   f"{s['ratio']:5.2f}x")
         choice = "kernel" if r["ratio"] >= native.MARGIN else "PyTorch"
         print(f"  -> {name}: smallest ratio {r['ratio']:.2f}x, margin {native.MARGIN}: {choice}")
+    # what made the kernels timed here: a ratio holds for that compiler and build target
+    cc = native._compiler()
+    compiler = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.splitlines()[0] if cc else None
+    print(f"compiler: {compiler}; kernels built for: {native._targets}")
     if args.record:
         table = native.measurements()
         stamp = dt.date.today().isoformat()
         for name, r in results.items():
-            table.setdefault(name, {})[key] = dict(r, cpu=cpu_model(), measured=stamp,
+            table.setdefault(name, {})[key] = dict(r, cpu=cpu_model(), measured=stamp, compiler=compiler,
+                                                   build=native._targets.get(name, "?"),
                                                    command=f"benchmarks/kernel_choice.py --repeats {args.repeats}")
         native.SPEED_FILE.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
         print(f"recorded in {native.SPEED_FILE}")
