@@ -122,12 +122,10 @@ def main() -> int:
     print(f"{runs} runs x {args.steps} steps, T = {args.seq_len - 1} positions, {torch.get_num_threads()} threads")
     try:
         causal_head_kernel(D_K, sc.N_STATES)
-        builds = True
+        builds, why = True, choice_reason("causal_head")[1]
     except NativeUnavailable as e:
-        print(f"no compiled kernel ({e}): the fast path is the PyTorch one")
-        builds = False
+        builds, why = False, f"no compiled kernel: {e}"
     native = builds and chooses("causal_head")
-    why = choice_reason("causal_head")[1] if builds else "the kernel does not build"
     print(f"the path chosen here: {'the compiled kernel' if native else 'PyTorch'} ({why})")
     if args.other_path and not builds:
         print("--other-path: no kernel to time beside PyTorch")

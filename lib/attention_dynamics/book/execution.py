@@ -104,20 +104,12 @@ def _kernel_channels():
     base = tempfile.gettempdir()
     if len(base) + 30 > SOCKET_FOLDER_MAX:
         base = "/tmp"
-    _remove_stale_socket_folders(base)
+    _remove_folders_of_gone_processes(Path(base), "ad-kernel-*", r"^ad-kernel-(\d+)-")
     folder = tempfile.mkdtemp(prefix=f"ad-kernel-{os.getpid()}-", dir=base)
     try:
         yield Config({"KernelManager": {"transport": "ipc", "ip": os.path.join(folder, "k")}})
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-
-
-def _remove_stale_socket_folders(base: str) -> None:
-    """Socket folders of runs whose process no longer exists."""
-    for d in Path(base).glob("ad-kernel-*"):
-        m = re.match(r"^ad-kernel-(\d+)-", d.name)
-        if m and d.is_dir() and not _pid_alive(int(m.group(1))):
-            shutil.rmtree(d, ignore_errors=True)
 
 
 def _stamped_record(job: Job, key: str, seconds: float, tmp_nb: Path, tmp_rec: Path) -> dict:
@@ -138,9 +130,15 @@ def _stamped_record(job: Job, key: str, seconds: float, tmp_nb: Path, tmp_rec: P
 def _remove_stale_work_dirs(out_dir: Path, stem: str) -> None:
     """Work folders of runs of this chapter whose process no longer exists (killed
     without a chance to clean up)."""
-    for d in out_dir.glob(f".{stem}.pid*.running"):
-        m = re.match(rf"^\.{re.escape(stem)}\.pid(\d+)\.", d.name)
-        if m and not _pid_alive(int(m.group(1))):
+    _remove_folders_of_gone_processes(out_dir, f".{stem}.pid*.running", rf"^\.{re.escape(stem)}\.pid(\d+)\.")
+
+
+def _remove_folders_of_gone_processes(base: Path, pattern: str, pid_in_name: str) -> None:
+    """The folders in ``base`` matching ``pattern`` whose name holds (as the first group of
+    ``pid_in_name``) the id of a process that no longer exists."""
+    for d in base.glob(pattern):
+        m = re.match(pid_in_name, d.name)
+        if m and d.is_dir() and not _pid_alive(int(m.group(1))):
             shutil.rmtree(d, ignore_errors=True)
 
 
