@@ -11,7 +11,7 @@ from attention_dynamics.book.profiles import load_profiles
 from attention_dynamics.book.execution import execute
 from attention_dynamics.book.jobs import NotebookFailed, make_jobs
 from attention_dynamics.book.scheduling import run_jobs
-from support import TINY_CELLS, make_root
+from support import make_root
 
 def test_profiles_select_parameters_and_record_provenance(tmp_path):
     root = make_root(tmp_path)
@@ -316,59 +316,6 @@ def test_a_chapters_record_and_footer_say_which_stored_models_it_used(tmp_path, 
     job.output.unlink()  # run it again: now the model is loaded
     (loaded,) = execute(job).record["provenance"]["models"]
     assert loaded == dict(made, loaded=True)
-
-
-def test_the_kernel_talks_over_unix_sockets_in_a_private_folder_it_removes(tmp_path):
-    """Over TCP a kernel's port is picked free and bound later, and another process can
-    take it in between (CI lost a chapter so). Its channels are Unix sockets instead, in a
-    folder of this run's own, removed when the chapter ends."""
-    import os
-    import tempfile
-
-    cells = [TINY_CELLS[0], TINY_CELLS[1],
-             ("code", "import os\nfrom ipykernel import get_connection_info\n"
-                      "info = get_connection_info(unpack=True)\nrec['transport'] = info['transport']\n"
-                      "rec['ip'] = info['ip']\nipc = info['transport'] == 'ipc'\n"
-                      "rec['sockets'] = sorted(os.listdir(os.path.dirname(info['ip']))) if ipc else []\n"
-                      "rec.save()", [])]
-    root = make_root(tmp_path, cells=cells)
-    (job,) = make_jobs(root, "quick", out_dir=tmp_path / "out")
-    values = execute(job).record["values"]
-    assert values["transport"] == "ipc"
-    folder = os.path.dirname(values["ip"])
-    assert os.path.dirname(folder) == tempfile.gettempdir() and os.path.basename(folder).startswith("ad-kernel-")
-    assert values["sockets"] == [f"k-{n}" for n in range(1, 6)]
-    assert not os.path.exists(folder)
-    assert sorted(p.name for p in (root / "notebooks").iterdir()) == ["profiles.yml", "tiny.ipynb"]
-
-
-def test_socket_folders_stay_short_and_those_of_dead_runs_are_removed(tmp_path, monkeypatch):
-    """A $TMPDIR too long for a socket's path sends the folder to /tmp; a folder left by a
-    run that was killed (its process gone) is removed, one of a live process is kept."""
-    import os
-    import subprocess
-    import sys
-    import tempfile
-    from pathlib import Path
-
-    from attention_dynamics.book import execution
-
-    gone = subprocess.Popen([sys.executable, "-c", ""])
-    gone.wait()
-    stale, live = Path(f"/tmp/ad-kernel-{gone.pid}-test"), Path(f"/tmp/ad-kernel-{os.getpid()}-test")
-    stale.mkdir()
-    live.mkdir(exist_ok=True)
-    long = tmp_path / ("x" * execution.SOCKET_FOLDER_MAX)
-    long.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(long))
-    try:
-        with execution._kernel_channels() as config:
-            ip = config.KernelManager.ip
-            assert ip.startswith(f"/tmp/ad-kernel-{os.getpid()}-") and len(ip) + len("-5") <= 103
-        assert not stale.exists() and live.exists() and not Path(ip).parent.exists()
-    finally:
-        live.rmdir()
-        shutil.rmtree(stale, ignore_errors=True)
 
 
 def test_a_record_saved_without_the_store_or_a_kernel_imports_neither(tmp_path):

@@ -9,7 +9,6 @@ import shutil
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 from .cache import cache_key, cached_result, file_digest, library_digest
@@ -20,9 +19,9 @@ from ..files import write_json_atomic
 __all__ = ["execute", "KERNEL_ARGUMENTS"]
 
 
-# The kernel logs an ERROR for the interrupt jupyter_client sends before every shutdown:
-# it would print once per chapter. A failing cell still reaches the reader, through
-# papermill's exception.
+# The kernel warns on every start that it talks over local TCP (it is local), and logs an
+# ERROR for the interrupt jupyter_client sends before every shutdown: both would print once
+# per chapter. A failing cell still reaches the reader, through papermill's exception.
 KERNEL_ARGUMENTS = ["--IPKernelApp.log_level=CRITICAL"]
 # papermill gives a kernel 60 s to start; on a loaded machine (four processes on two cores,
 # 2026-12-02) one took longer and the chapter failed in "start-up". Waiting longer costs a
@@ -54,11 +53,10 @@ def execute(job: Job, progress_bar: bool = False) -> JobResult:
         bar = {"desc": job.stem, "leave": False, "ncols": shutil.get_terminal_size((80, 24)).columns} if progress_bar else False
         start = time.perf_counter()
         try:
-            with _kernel_channels() as config:
-                pm.execute_notebook(job.notebook, str(tmp_nb), parameters=params, kernel_name="python3",
-                                    cwd=str(Path(job.notebook).parent), progress_bar=bar,
-                                    request_save_on_cell_execute=False, extra_arguments=KERNEL_ARGUMENTS,
-                                    start_timeout=KERNEL_START_TIMEOUT_S, config=config)
+            pm.execute_notebook(job.notebook, str(tmp_nb), parameters=params, kernel_name="python3",
+                                cwd=str(Path(job.notebook).parent), progress_bar=bar,
+                                request_save_on_cell_execute=False, extra_arguments=KERNEL_ARGUMENTS,
+                                start_timeout=KERNEL_START_TIMEOUT_S)
         except pm.PapermillExecutionError as e:
             frames = [_strip_ansi(t) for t in (e.traceback or []) if "Cell In[" in _strip_ansi(t)]
             tail = frames[-1].splitlines()[0] if frames else ""
@@ -80,38 +78,6 @@ def execute(job: Job, progress_bar: bool = False) -> JobResult:
     return JobResult(job.stem, "ran", seconds, record)
 
 
-# A Unix socket's path has room for 107 bytes on Linux (103 on macOS): the socket folder's
-# name adds under 30 bytes to its base, and the kernel "/k-N" to the folder.
-SOCKET_FOLDER_MAX = 90
-
-
-@contextmanager
-def _kernel_channels():
-    """The kernel manager's configuration: on POSIX, the kernel's five channels are Unix
-    sockets in a private folder, removed afterwards. Over TCP, jupyter_client picks each
-    port by binding port 0 and letting it go before the kernel binds it; any process can
-    take it in between, and CI lost a chapter so (2026-12-02: "Address already in use", two
-    kernels starting on a Dask cluster's workers). A socket file in a folder of our own has
-    no such window. The folder is in the temporary folder (not the output folder, whose
-    path can be long), or in /tmp where $TMPDIR is too long for a socket's path; it is
-    named by this process, so that one killed without a chance to clean up is removed by
-    the next run."""
-    from traitlets.config import Config
-
-    if os.name != "posix":
-        yield Config()
-        return
-    base = tempfile.gettempdir()
-    if len(base) + 30 > SOCKET_FOLDER_MAX:
-        base = "/tmp"
-    _remove_folders_of_gone_processes(Path(base), "ad-kernel-*", r"^ad-kernel-(\d+)-")
-    folder = tempfile.mkdtemp(prefix=f"ad-kernel-{os.getpid()}-", dir=base)
-    try:
-        yield Config({"KernelManager": {"transport": "ipc", "ip": os.path.join(folder, "k")}})
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-
-
 def _stamped_record(job: Job, key: str, seconds: float, tmp_nb: Path, tmp_rec: Path) -> dict:
     """The record the notebook saved, with its provenance: the run's, the computation paths
     it took, the SHA-256 of the source notebook and of the library it imports, and (after
@@ -130,15 +96,9 @@ def _stamped_record(job: Job, key: str, seconds: float, tmp_nb: Path, tmp_rec: P
 def _remove_stale_work_dirs(out_dir: Path, stem: str) -> None:
     """Work folders of runs of this chapter whose process no longer exists (killed
     without a chance to clean up)."""
-    _remove_folders_of_gone_processes(out_dir, f".{stem}.pid*.running", rf"^\.{re.escape(stem)}\.pid(\d+)\.")
-
-
-def _remove_folders_of_gone_processes(base: Path, pattern: str, pid_in_name: str) -> None:
-    """The folders in ``base`` matching ``pattern`` whose name holds (as the first group of
-    ``pid_in_name``) the id of a process that no longer exists."""
-    for d in base.glob(pattern):
-        m = re.match(pid_in_name, d.name)
-        if m and d.is_dir() and not _pid_alive(int(m.group(1))):
+    for d in out_dir.glob(f".{stem}.pid*.running"):
+        m = re.match(rf"^\.{re.escape(stem)}\.pid(\d+)\.", d.name)
+        if m and not _pid_alive(int(m.group(1))):
             shutil.rmtree(d, ignore_errors=True)
 
 
