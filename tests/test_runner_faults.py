@@ -20,7 +20,7 @@ from attention_dynamics.book.cli import main
 from attention_dynamics.book.execution import execute
 from attention_dynamics.book.jobs import NotebookFailed, make_grid_jobs, make_jobs
 from attention_dynamics.book.scheduling import run_jobs
-from support import footer_commands, make_root, papermill_parameters
+from support import TINY_CELLS, footer_commands, make_root, papermill_parameters
 
 def run_main(monkeypatch, capsys, root, *argv):
     """The command line, from the root of a (temporary) repository."""
@@ -93,6 +93,82 @@ def test_failure_in_a_process_pool_names_chapter_and_cell_and_cleans_up(tmp_path
     assert sorted(p.name for p in out.iterdir()) == ["tiny--fail-false.ipynb", "tiny--fail-false.json"]
     after = set(os.listdir(os.environ.get("TMPDIR", "/tmp")))
     assert not [d for d in after - before if d.startswith("tiny")]
+
+
+@pytest.fixture
+def held_port():
+    """A local TCP port that a listening socket holds for the test."""
+    import socket
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        yield holder.getsockname()[1]
+
+
+def _kernels_that_die_at_start(monkeypatch, port: int, deaths: int) -> list:
+    """papermill, with the first ``deaths`` kernels given a shell port another socket
+    holds: a real kernel that dies as it starts, as one does when another process takes
+    its port first. Returns the list of calls, one per start."""
+    import papermill as pm
+    from traitlets.config import Config
+
+    real = pm.execute_notebook
+    calls: list = []
+
+    def execute_notebook(*args, **kwargs):
+        calls.append(args)
+        if len(calls) <= deaths:
+            # cache_ports=False: otherwise jupyter_client overwrites a configured port
+            kwargs["config"] = Config({"KernelManager": {"shell_port": port, "cache_ports": False}})
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pm, "execute_notebook", execute_notebook)
+    return calls
+
+
+def test_a_kernel_that_dies_as_it_starts_is_started_again(tmp_path, monkeypatch, capfd, held_port):
+    root = make_root(tmp_path)
+    out = tmp_path / "out"
+    calls = _kernels_that_die_at_start(monkeypatch, held_port, deaths=1)
+    (job,) = make_jobs(root, "quick", out_dir=out)
+    r = execute(job)
+    assert len(calls) == 2 and r.status == "ran" and r.record["values"] == {"double": 6}
+    err = capfd.readouterr().err
+    assert "Address already in use" in err  # the first kernel's own words: it did die
+    assert "note: tiny: the kernel died as it started (attempt 1 of 3; no cell had run); starting it again" in err
+    assert sorted(p.name for p in out.iterdir()) == ["tiny.ipynb", "tiny.json"]
+
+
+def test_a_kernel_that_keeps_dying_and_a_failing_cell_are_not_started_again(tmp_path, monkeypatch, capfd, held_port):
+    from attention_dynamics.book.execution import KERNEL_START_ATTEMPTS
+
+    root = make_root(tmp_path)
+    out = tmp_path / "out"
+    calls = _kernels_that_die_at_start(monkeypatch, held_port, deaths=KERNEL_START_ATTEMPTS)
+    (job,) = make_jobs(root, "quick", out_dir=out)
+    with pytest.raises(NotebookFailed, match="notebook 'tiny' failed.*Kernel died before replying to kernel_info"):
+        execute(job)
+    assert len(calls) == KERNEL_START_ATTEMPTS
+    assert not out.exists() or list(out.iterdir()) == []
+    assert capfd.readouterr().err.count("starting it again") == KERNEL_START_ATTEMPTS - 1
+
+    calls = _kernels_that_die_at_start(monkeypatch, held_port, deaths=0)
+    (job,) = make_jobs(root, "quick", out_dir=out, overrides={"fail": True})
+    with pytest.raises(NotebookFailed, match=r"failed in cell In\[\d+\]: ValueError: x is broken"):
+        execute(job)
+    assert len(calls) == 1 and "starting it again" not in capfd.readouterr().err
+
+
+def test_a_kernel_that_dies_in_a_cell_is_not_started_again(tmp_path, monkeypatch, capfd, held_port):
+    """nbclient's DeadKernelError is a RuntimeError too, but a cell had run."""
+    cells = [TINY_CELLS[0], ("code", "import os\nos._exit(1)", [])]
+    root = make_root(tmp_path, cells=cells)
+    calls = _kernels_that_die_at_start(monkeypatch, held_port, deaths=0)
+    (job,) = make_jobs(root, "quick", out_dir=tmp_path / "out")
+    with pytest.raises(NotebookFailed, match="notebook 'tiny' failed.*DeadKernelError"):
+        execute(job)
+    assert len(calls) == 1 and "starting it again" not in capfd.readouterr().err
 
 
 def test_stale_work_folders_of_dead_runs_are_removed(tmp_path):

@@ -27,6 +27,14 @@ KERNEL_ARGUMENTS = ["--IPKernelApp.log_level=CRITICAL"]
 # 2026-12-02) one took longer and the chapter failed in "start-up". Waiting longer costs a
 # healthy start nothing.
 KERNEL_START_TIMEOUT_S = 300
+# Over TCP, jupyter_client finds each of a kernel's ports by binding port 0 and letting it
+# go; the kernel binds the port a moment later, and another process can take it in between
+# (two kernels starting on a Dask LocalCluster's workers did, 2026-12-02: "Address already
+# in use"). The kernel then dies before any cell has run, nbclient says so in these words,
+# and the chapter can start again on new ports. Unix sockets would close the window, but
+# with them a kernel sometimes logged "Socket operation on non-socket" as it shut down.
+DIED_AT_START = "Kernel died before replying to kernel_info"
+KERNEL_START_ATTEMPTS = 3
 
 
 def execute(job: Job, progress_bar: bool = False) -> JobResult:
@@ -51,18 +59,25 @@ def execute(job: Job, progress_bar: bool = False) -> JobResult:
         tmp_rec = tmp / f"{job.stem}.json"
         params = dict(job.parameters, record_path=str(tmp_rec), profile=job.profile)
         bar = {"desc": job.stem, "leave": False, "ncols": shutil.get_terminal_size((80, 24)).columns} if progress_bar else False
-        start = time.perf_counter()
-        try:
-            pm.execute_notebook(job.notebook, str(tmp_nb), parameters=params, kernel_name="python3",
-                                cwd=str(Path(job.notebook).parent), progress_bar=bar,
-                                request_save_on_cell_execute=False, extra_arguments=KERNEL_ARGUMENTS,
-                                start_timeout=KERNEL_START_TIMEOUT_S)
-        except pm.PapermillExecutionError as e:
-            frames = [_strip_ansi(t) for t in (e.traceback or []) if "Cell In[" in _strip_ansi(t)]
-            tail = frames[-1].splitlines()[0] if frames else ""
-            raise NotebookFailed(job.stem, e.exec_count, e.ename, e.evalue, tail) from None
-        except Exception as e:  # kernel death, bad parameters, missing kernel
-            raise NotebookFailed(job.stem, None, type(e).__name__, str(e)) from None
+        for attempt in range(1, KERNEL_START_ATTEMPTS + 1):
+            start = time.perf_counter()
+            try:
+                pm.execute_notebook(job.notebook, str(tmp_nb), parameters=params, kernel_name="python3",
+                                    cwd=str(Path(job.notebook).parent), progress_bar=bar,
+                                    request_save_on_cell_execute=False, extra_arguments=KERNEL_ARGUMENTS,
+                                    start_timeout=KERNEL_START_TIMEOUT_S)
+                break
+            except pm.PapermillExecutionError as e:
+                frames = [_strip_ansi(t) for t in (e.traceback or []) if "Cell In[" in _strip_ansi(t)]
+                tail = frames[-1].splitlines()[0] if frames else ""
+                raise NotebookFailed(job.stem, e.exec_count, e.ename, e.evalue, tail) from None
+            except RuntimeError as e:
+                if DIED_AT_START not in str(e) or attempt == KERNEL_START_ATTEMPTS:
+                    raise NotebookFailed(job.stem, None, type(e).__name__, str(e)) from None
+                print(f"note: {job.stem}: the kernel died as it started (attempt {attempt} of "
+                      f"{KERNEL_START_ATTEMPTS}; no cell had run); starting it again", file=sys.stderr, flush=True)
+            except Exception as e:  # bad parameters, missing kernel
+                raise NotebookFailed(job.stem, None, type(e).__name__, str(e)) from None
         seconds = time.perf_counter() - start
         if not tmp_rec.is_file():
             raise NotebookFailed(job.stem, None, "MissingRecord", "the notebook ran but saved no record (call rec.save())")
