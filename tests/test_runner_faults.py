@@ -153,6 +153,7 @@ def test_a_kernel_that_keeps_dying_and_a_failing_cell_are_not_started_again(tmp_
     assert not out.exists() or list(out.iterdir()) == []
     assert capfd.readouterr().err.count("starting it again") == KERNEL_START_ATTEMPTS - 1
 
+    monkeypatch.undo()
     calls = _kernels_that_die_at_start(monkeypatch, held_port, deaths=0)
     (job,) = make_jobs(root, "quick", out_dir=out, overrides={"fail": True})
     with pytest.raises(NotebookFailed, match=r"failed in cell In\[\d+\]: ValueError: x is broken"):

@@ -30,9 +30,12 @@ KERNEL_START_TIMEOUT_S = 300
 # Over TCP, jupyter_client finds each of a kernel's ports by binding port 0 and letting it
 # go; the kernel binds the port a moment later, and another process can take it in between
 # (two kernels starting on a Dask LocalCluster's workers did, 2026-12-02: "Address already
-# in use"). The kernel then dies before any cell has run, nbclient says so in these words,
-# and the chapter can start again on new ports. Unix sockets would close the window, but
-# with them a kernel sometimes logged "Socket operation on non-socket" as it shut down.
+# in use"). The kernel then dies before any cell has run, jupyter_client's wait for it says
+# so in these words, and the chapter can start again on new ports (a kernel that dies as it
+# starts for another reason is started again too, to no harm: no cell had run). The dead
+# kernel's traceback and nbclient's ERROR line stay on stderr, above the note. Unix sockets
+# would close the window, but with them a kernel sometimes logged "Socket operation on
+# non-socket" as it shut down.
 DIED_AT_START = "Kernel died before replying to kernel_info"
 KERNEL_START_ATTEMPTS = 3
 
@@ -60,7 +63,7 @@ def execute(job: Job, progress_bar: bool = False) -> JobResult:
         params = dict(job.parameters, record_path=str(tmp_rec), profile=job.profile)
         bar = {"desc": job.stem, "leave": False, "ncols": shutil.get_terminal_size((80, 24)).columns} if progress_bar else False
         for attempt in range(1, KERNEL_START_ATTEMPTS + 1):
-            start = time.perf_counter()
+            start = time.perf_counter()  # the chapter's seconds are its last start's
             try:
                 pm.execute_notebook(job.notebook, str(tmp_nb), parameters=params, kernel_name="python3",
                                     cwd=str(Path(job.notebook).parent), progress_bar=bar,
