@@ -162,15 +162,31 @@ def _too_wide(browser, page, width) -> list[str]:
     return wide + ([f"{page} at {width} px: {cut} inline formulas cut off"] if cut else [])
 
 
+@pytest.fixture(scope="module")
+def layout(built_book, server, browser):
+    """width -> page -> (what _too_wide says, and for a chapter the [visible, content] widths
+    of its code blocks): every page settled once per width for both checks below."""
+    measured: dict[int, dict] = {}
+
+    def at(width: int) -> dict:
+        if width not in measured:
+            pages = {}
+            for page in _pages(built_book):
+                _settled(browser, server, page, width)
+                code = browser.execute_script(CODE_WIDTHS) if page.startswith("chapters/") else []
+                pages[page] = (_too_wide(browser, page, width), code)
+            measured[width] = pages
+        return measured[width]
+
+    return at
+
+
 @pytest.mark.parametrize("width", WIDTHS)
-def test_no_page_scrolls_sideways(built_book, server, browser, width):
+def test_no_page_scrolls_sideways(layout, server, browser, width):
     """At each width, with every folded cell open, the page itself never scrolls sideways
     and no inline formula is cut off; a display equation or a table may scroll inside its
     own box (which does not widen the page). The check must see a page made too wide."""
-    wide = []
-    for page in _pages(built_book):
-        _settled(browser, server, page, width)
-        wide += _too_wide(browser, page, width)
+    wide = [problem for too_wide, _ in layout(width).values() for problem in too_wide]
     assert not wide, "\n".join(wide)
     _settled(browser, server, "chapters/value_law.html", width)  # the controls, on a chapter
     browser.execute_script(CUT_CONTROL)
@@ -188,18 +204,19 @@ def test_no_page_shows_an_error_or_an_unresolved_reference(built_book):
 
 
 @pytest.mark.parametrize("width", WIDTHS)
-def test_code_cells_need_no_horizontal_scrolling(built_book, server, browser, width):
+def test_code_cells_need_no_horizontal_scrolling(built_book, layout, server, browser, width):
     """At common laptop widths every code cell of every chapter, folded ones opened, fits its
     column; a folded cell that measured 0 px wide would hide its lines from the check."""
+    chapters = sorted(p.relative_to(built_book).as_posix() for p in (built_book / "chapters").glob("*.html"))
     wide, measured = [], 0
-    for page in sorted(p.relative_to(built_book).as_posix() for p in (built_book / "chapters").glob("*.html")):
-        _settled(browser, server, page, width)
-        for client, scroll in browser.execute_script(CODE_WIDTHS):
+    for page in chapters:
+        for client, scroll in layout(width)[page][1]:
             measured += 1
             if client == 0 or scroll > client + 1:
                 wide.append(f"{page}: a code cell {scroll} px wide in a {client} px column")
     assert not wide, "\n".join(wide)
     assert measured > 100  # every chapter's cells, the folded ones included
+    _settled(browser, server, chapters[-1], width)  # the control, on a chapter
     browser.execute_script("document.querySelector('div.cell_input pre').textContent += ' ' + 'x'.repeat(300);")
     assert any(s > c + 1 for c, s in browser.execute_script(CODE_WIDTHS)), "the check did not see a long line"
 
