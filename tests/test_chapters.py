@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import os
+from pathlib import Path
 
 import pytest
 
@@ -324,6 +325,19 @@ def test_every_chapter_has_its_figures(root, quick_runs):
         assert shows > 0 and pngs >= shows, f"{name}: {pngs} figures for {shows} plt.show() calls"
 
 
+def _run_side_by_side(commands: list[tuple[list[str], Path]]) -> list:
+    """Each (argument list, folder) run as a subprocess there, as many at a time as there are
+    usable CPUs (each is one runner start-up, mostly one thread importing torch); the
+    completed processes in the commands' order."""
+    import subprocess
+    from concurrent.futures import ThreadPoolExecutor
+
+    from attention_dynamics.book.scheduling import usable_cpus
+
+    with ThreadPoolExecutor(max_workers=usable_cpus()) as pool:
+        return list(pool.map(lambda c: subprocess.run(c[0], cwd=c[1], capture_output=True, text=True), commands))
+
+
 def test_every_footer_command_runs_as_printed(root, quick_runs, tmp_path, monkeypatch):
     """Each chapter's provenance footer: the runner command, run as printed from a folder
     holding that build's outputs in my-runs/, finds the very run it describes (same
@@ -331,42 +345,50 @@ def test_every_footer_command_runs_as_printed(root, quick_runs, tmp_path, monkey
     parameters from the papermill command."""
     import json
     import shutil
-    import subprocess
 
     from attention_dynamics.book.profiles import load_profiles
     from support import footer_commands, papermill_parameters
 
-    for name in load_profiles(root):
-        record = quick_runs(name)
-        run_cmd, pm_cmd = footer_commands(quick_runs.out_dir / f"{name}.ipynb")
+    names = list(load_profiles(root))
+    commands, pm_commands = [], {}
+    for name in names:
+        quick_runs(name)
+        run_cmd, pm_commands[name] = footer_commands(quick_runs.out_dir / f"{name}.ipynb")
         work = tmp_path / name / "my-runs"
         work.mkdir(parents=True)
         for ext in ("ipynb", "json"):
             shutil.copy(quick_runs.out_dir / f"{name}.{ext}", work)
         assert run_cmd[0] == ".venv/bin/python" and run_cmd[-2:] == ["--out", "my-runs"]
-        done = subprocess.run([str(root / run_cmd[0]), *run_cmd[1:]], cwd=work.parent, capture_output=True, text=True)
-        assert done.returncode == 0, done.stderr[-2000:]
+        commands.append(([str(root / run_cmd[0]), *run_cmd[1:]], work.parent))
+    for name, done in zip(names, _run_side_by_side(commands)):
+        record = quick_runs(name)
+        work = tmp_path / name / "my-runs"
+        assert done.returncode == 0, (name, done.stderr[-2000:])
         assert f"[1/1] {name}: cached" in done.stdout, done.stdout
         assert json.loads((work / f"{name}.json").read_text()) == record
         expected = dict(record["provenance"]["parameters"], profile="quick")
-        assert papermill_parameters(pm_cmd, monkeypatch) == expected, name
+        assert papermill_parameters(pm_commands[name], monkeypatch) == expected, name
 
 
 def test_readme_rerun_examples_run_as_printed(root, tmp_path):
+    """Each command of the README's section on rerunning a chapter, run as printed, each in a
+    folder of its own (so that two at a time do not share my-runs/), writes its chapter's record."""
     import re
     import shlex
-    import subprocess
 
     readme = (root / "README.md").read_text()
     section = readme.split("## Rerun one chapter", 1)[1].split("\n## ", 1)[0]
     commands = [shlex.split(line) for block in re.findall(r"```bash\n(.*?)```", section, re.S)
                 for line in block.splitlines() if line.startswith(".venv/bin/python")]
     assert len(commands) >= 2
-    for cmd in commands:
-        done = subprocess.run([str(root / cmd[0]), *cmd[1:]], cwd=tmp_path, capture_output=True, text=True)
+    folders = [tmp_path / str(i) for i in range(len(commands))]
+    for folder in folders:
+        folder.mkdir()
+    runs = _run_side_by_side([([str(root / cmd[0]), *cmd[1:]], f) for cmd, f in zip(commands, folders)])
+    for cmd, folder, done in zip(commands, folders, runs):
         assert done.returncode == 0, (cmd, done.stderr[-2000:])
         only = cmd[cmd.index("--only") + 1]
-        assert (tmp_path / "my-runs" / f"{only}.json").is_file()
+        assert (folder / "my-runs" / f"{only}.json").is_file()
 
 
 def test_the_pytorch_paths_give_every_chapter_the_same_claims(quick_runs, root, tmp_path_factory, monkeypatch):

@@ -128,7 +128,11 @@ def test_colab_path_fresh_venv_installs_the_wheel_and_runs_a_chapter(root, wheel
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "JUPYTER_PATH")}
     env.update(PATH=f"{py.parent}{os.pathsep}{env.get('PATH', '')}", VIRTUAL_ENV=str(venv), MPLBACKEND="Agg",
                JUPYTER_DATA_DIR=str(tmp_path / "jupyter"),  # no kernel of this machine's user
-               ATTENTION_DYNAMICS_ARTIFACTS=str(tmp_path / "artifacts"), PIP_DISABLE_PIP_VERSION_CHECK="1")
+               ATTENTION_DYNAMICS_ARTIFACTS=str(tmp_path / "artifacts"), PIP_DISABLE_PIP_VERSION_CHECK="1",
+               # pip's --no-compile, for the kernel's packages and the install cell's alike: byte-compiling
+               # every file of torch is half of the installs' time, and the chapter imports few of them
+               # (pip reads a "no-" option's variable inverted: 0 turns compiling off)
+               PIP_NO_COMPILE="0")
     bare = subprocess.run([str(py), "-c", "import attention_dynamics"], env=env, cwd=tmp_path, capture_output=True)
     assert bare.returncode != 0, "the library is importable in the fresh environment before the install cell ran"
 
