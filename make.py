@@ -45,11 +45,9 @@ def ensure_environment() -> Path:
         run([sys.executable, "-m", "venv", VENV])
     if not STAMP.exists() or STAMP.read_text().strip() != wanted:
         py = venv_python()
-        # --no-compile: byte-compiling every installed file (torch's thousands) was half of the
-        # install's time; Python compiles the modules a run imports, once, as it imports them
-        run([py, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-compile",
+        run([py, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
              "-r", "requirements.txt"])
-        run([py, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-compile",
+        run([py, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
              "--no-deps", "-e", "."])
         STAMP.write_text(wanted + "\n")
     return venv_python()
