@@ -77,6 +77,7 @@ def test_every_plan_makes_models_its_chapter_then_loads(quick_runs):
     from attention_dynamics.book.plans import PLANNED, unused_planned
 
     for name in PLANNED:
+        quick_runs(name)
         planned, failed = quick_runs.planned[name]
         assert planned and not failed, f"{name}: its plan made {planned}, and failed at {failed}"
         assert not unused_planned(JobResult(name, "ran", 0.0, quick_runs(name), planned)), name
@@ -391,24 +392,22 @@ def test_readme_rerun_examples_run_as_printed(root, tmp_path):
         assert (folder / "my-runs" / f"{only}.json").is_file()
 
 
-def test_the_pytorch_paths_give_every_chapter_the_same_claims(quick_runs, root, tmp_path_factory, monkeypatch):
+def test_the_pytorch_paths_give_every_chapter_the_same_claims(quick_runs, root):
     """The chapters that ran a compiled kernel here, run again with every kernel off
-    (ATTENTION_DYNAMICS_NATIVE=0): the same verdict for every claim and each claim's number
-    within its tolerance (python -m attention_dynamics.book.compare). Trained numbers are
-    not equal: a kernel and PyTorch round differently, and hundreds of float32 steps carry
-    the difference on."""
+    (ATTENTION_DYNAMICS_NATIVE=0; by the quick book's process, right after the book): the same
+    verdict for every claim and each claim's number within its tolerance (python -m
+    attention_dynamics.book.compare). Trained numbers are not equal: a kernel and PyTorch
+    round differently, and hundreds of float32 steps carry the difference on."""
     from attention_dynamics.book.compare import compare
     from attention_dynamics.book.profiles import load_profiles
-    from attention_dynamics.book.jobs import make_jobs
-    from attention_dynamics.book.scheduling import run_chapters
+    from quick_book import ran_a_kernel
 
     kernel = {name: quick_runs(name) for name in load_profiles(root)}
-    used = sorted(n for n, r in kernel.items() if any(p.startswith("kernel") for p in r["provenance"]["paths"].values()))
+    used = sorted(n for n, r in kernel.items() if ran_a_kernel(r))
+    runs = quick_runs.without_kernels()
+    assert sorted(runs) == used
     if not used:
         pytest.skip("no kernel ran here (no compiler, or PyTorch is the faster path on this processor)")
-    monkeypatch.setenv("ATTENTION_DYNAMICS_NATIVE", "0")
-    out = tmp_path_factory.mktemp("chapters-pytorch")
-    runs = {r.name: r.record for r in run_chapters(make_jobs(root, "quick", only=used, out_dir=out), progress=False)}
     assert {p for r in runs.values() for p in r["provenance"]["paths"].values()} == {"torch"}
     result = compare({n: kernel[n] for n in used}, runs)
     print("\n".join(result.lines(30)))
