@@ -87,33 +87,24 @@ def _pages(built_book) -> list[str]:
                   if not p.relative_to(built_book).as_posix().startswith("_static/"))  # theme template fragments
 
 
-def test_every_page_loads_cleanly(built_book, server, browser):
+def test_every_page_loads_cleanly(built_book, visits):
     pages = _pages(built_book)
     assert "index.html" in pages and "scorecard.html" in pages and "chapters/routing_law.html" in pages
     problems, checked_links, math_pages = [], 0, 0
-    browser.set_script_timeout(60)
     for page in pages:
-        url = urljoin(server, page)
-        browser.get(url)
-        mathjax = browser.execute_async_script(WAIT_FOR_MATHJAX)
-        for entry in browser.get_log("browser"):
-            if entry["level"] == "SEVERE":
-                problems.append(f"{page}: console error: {entry['message']}")
-        broken = browser.execute_script(
-            "return [...document.images].filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.src);")
-        problems += [f"{page}: image not loaded: {src}" for src in broken]
-        n_math = browser.execute_script("return document.querySelectorAll('.math').length;")
+        seen = visits[page]
+        problems += [f"{page}: console error: {message}" for message in seen["console_errors"]]
+        problems += [f"{page}: image not loaded: {src}" for src in seen["broken_images"]]
+        n_math, rendered, errors, mathjax = seen["math"]
         if n_math:
             math_pages += 1
-            rendered = browser.execute_script("return document.querySelectorAll('mjx-container').length;")
-            errors = browser.execute_script("return document.querySelectorAll('mjx-merror').length;")
             if mathjax is not True or rendered < n_math or errors:
                 problems.append(f"{page}: math not rendered ({rendered} of {n_math} typeset, {errors} errors, MathJax {mathjax})")
-        for href in browser.execute_script("return [...document.querySelectorAll('a[href]')].map(a => a.href);"):
+        for href in seen["links"]:
             target = urlparse(href)
-            if not href.startswith(server):
+            if not href.startswith(visits.server):
                 continue  # external links are not followed: the book must work offline
-            path = built_book / unquote(target.path.removeprefix(urlparse(server).path))
+            path = built_book / unquote(target.path.removeprefix(urlparse(visits.server).path))
             if target.path.endswith("/"):
                 path = path / "index.html"
             checked_links += 1
@@ -162,33 +153,62 @@ def _too_wide(browser, page, width) -> list[str]:
     return wide + ([f"{page} at {width} px: {cut} inline formulas cut off"] if cut else [])
 
 
+MATH_COUNTS = ("return [document.querySelectorAll('.math').length, document.querySelectorAll('mjx-container').length,"
+               " document.querySelectorAll('mjx-merror').length];")
+BROKEN_IMAGES = "return [...document.images].filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.src);"
+LINKS = "return [...document.querySelectorAll('a[href]')].map(a => a.href);"
+LAUNCH_LINKS = ("return [...document.querySelectorAll('.dropdown-launch-buttons a')]"
+                ".map(a => [a.querySelector('.btn__text-container').textContent.trim(), a.getAttribute('href')]);")
+# a resize is laid out by the next frame; two frames leave the theme's resize handlers run too
+NEXT_FRAMES = "const done = arguments[arguments.length - 1]; requestAnimationFrame(() => requestAnimationFrame(() => done(true)));"
+
+
+class Visits(dict):
+    """page -> what one visit saw: as loaded (console errors, images, math, links, launch
+    buttons), then with every folded cell open at each of WIDTHS (what _too_wide says, and
+    for a chapter the [visible, content] widths of its code blocks). One load per page: a
+    resize lays the page out as a load at that width would (the same numbers on every
+    page of the quick book, measured both ways; test_no_page_scrolls_sideways compares the
+    two on one chapter at each width), and loads are most of the browser's time."""
+    server: str
+
+
 @pytest.fixture(scope="module")
-def layout(built_book, server, browser):
-    """width -> page -> (what _too_wide says, and for a chapter the [visible, content] widths
-    of its code blocks): every page settled once per width for both checks below."""
-    measured: dict[int, dict] = {}
-
-    def at(width: int) -> dict:
-        if width not in measured:
-            pages = {}
-            for page in _pages(built_book):
-                _settled(browser, server, page, width)
-                code = browser.execute_script(CODE_WIDTHS) if page.startswith("chapters/") else []
-                pages[page] = (_too_wide(browser, page, width), code)
-            measured[width] = pages
-        return measured[width]
-
-    return at
+def visits(built_book, server, browser):
+    seen = Visits()
+    seen.server = server
+    for page in _pages(built_book):
+        browser.set_window_size(WIDTHS[0], 1000)
+        browser.set_script_timeout(60)
+        browser.get(urljoin(server, page))
+        mathjax = browser.execute_async_script(WAIT_FOR_MATHJAX)
+        visit = {"math": [*browser.execute_script(MATH_COUNTS), mathjax],
+                 "broken_images": browser.execute_script(BROKEN_IMAGES),
+                 "links": browser.execute_script(LINKS),
+                 "launch_links": browser.execute_script(LAUNCH_LINKS)}
+        assert browser.execute_async_script(UNFOLD_AND_SETTLE), f"{page}: MathJax or the fonts failed"
+        visit["widths"] = {}
+        for width in WIDTHS:
+            browser.set_window_size(width, 1000)
+            browser.execute_async_script(NEXT_FRAMES)
+            code = browser.execute_script(CODE_WIDTHS) if page.startswith("chapters/") else []
+            visit["widths"][width] = (_too_wide(browser, page, width), code)
+        # after the page's last script: an error from unfolding or resizing counts too
+        visit["console_errors"] = [e["message"] for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+        seen[page] = visit
+    return seen
 
 
 @pytest.mark.parametrize("width", WIDTHS)
-def test_no_page_scrolls_sideways(layout, server, browser, width):
+def test_no_page_scrolls_sideways(visits, server, browser, width):
     """At each width, with every folded cell open, the page itself never scrolls sideways
     and no inline formula is cut off; a display equation or a table may scroll inside its
     own box (which does not widen the page). The check must see a page made too wide."""
-    wide = [problem for too_wide, _ in layout(width).values() for problem in too_wide]
+    wide = [problem for visit in visits.values() for problem in visit["widths"][width][0]]
     assert not wide, "\n".join(wide)
     _settled(browser, server, "chapters/value_law.html", width)  # the controls, on a chapter
+    loaded_at_width = (_too_wide(browser, "chapters/value_law.html", width), browser.execute_script(CODE_WIDTHS))
+    assert loaded_at_width == visits["chapters/value_law.html"]["widths"][width], "a resize measured otherwise than a load"
     browser.execute_script(CUT_CONTROL)
     assert browser.execute_script(CUT_MATH) == 1, "the check did not see a formula cut off"
     browser.execute_script(WIDE_CONTROL)
@@ -204,13 +224,13 @@ def test_no_page_shows_an_error_or_an_unresolved_reference(built_book):
 
 
 @pytest.mark.parametrize("width", WIDTHS)
-def test_code_cells_need_no_horizontal_scrolling(layout, server, browser, width):
+def test_code_cells_need_no_horizontal_scrolling(visits, server, browser, width):
     """At common laptop widths every code cell of every chapter, folded ones opened, fits its
     column; a folded cell that measured 0 px wide would hide its lines from the check."""
-    chapters = sorted(page for page in layout(width) if page.startswith("chapters/"))
+    chapters = sorted(page for page in visits if page.startswith("chapters/"))
     wide, measured = [], 0
     for page in chapters:
-        for client, scroll in layout(width)[page][1]:
+        for client, scroll in visits[page]["widths"][width][1]:
             measured += 1
             if client == 0 or scroll > client + 1:
                 wide.append(f"{page}: a code cell {scroll} px wide in a {client} px column")
@@ -221,11 +241,7 @@ def test_code_cells_need_no_horizontal_scrolling(layout, server, browser, width)
     assert any(s > c + 1 for c, s in browser.execute_script(CODE_WIDTHS)), "the check did not see a long line"
 
 
-LAUNCH_LINKS = ("return [...document.querySelectorAll('.dropdown-launch-buttons a')]"
-                ".map(a => [a.querySelector('.btn__text-container').textContent.trim(), a.getAttribute('href')]);")
-
-
-def test_chapter_headers_launch_the_source_notebook(root, built_book, server, browser):
+def test_chapter_headers_launch_the_source_notebook(root, built_book, visits):
     """The Binder and Colab buttons in a chapter's header open notebooks/NAME.ipynb of the
     configured branch, the addresses of the chapter's provenance footer, not the executed
     copy the page was built from; pages that are not chapters have no launch buttons."""
@@ -235,15 +251,13 @@ def test_chapter_headers_launch_the_source_notebook(root, built_book, server, br
     chapters = sorted(p.stem for p in (built_book / "chapters").glob("*.html"))
     assert "value_law" in chapters
     for name in chapters:
-        browser.get(urljoin(server, f"chapters/{name}.html"))
-        links = dict(browser.execute_script(LAUNCH_LINKS))
+        links = dict(visits[f"chapters/{name}.html"]["launch_links"])
         assert set(links) == {"Binder", "Colab"}, f"{name}: {links}"
         assert links["Binder"].endswith(f"?labpath=notebooks%2F{name}.ipynb"), links["Binder"]
         assert links["Colab"].endswith(f"/blob/{repo['branch']}/notebooks/{name}.ipynb"), links["Colab"]
         assert links == launch_links(repo, name)  # the footer's addresses, written in one place
     for page in ("index.html", "scorecard.html", "rerun.html"):
-        browser.get(urljoin(server, page))
-        assert browser.execute_script(LAUNCH_LINKS) == [], page
+        assert visits[page]["launch_links"] == [], page
 
 
 def test_search_finds_a_known_term(server, browser):
