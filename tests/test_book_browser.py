@@ -126,7 +126,7 @@ const math = (window.MathJax && MathJax.startup && MathJax.startup.promise) || P
 Promise.all([math, document.fonts.ready]).then(() => done(true)).catch(() => done(false));
 """
 WIDE_CONTROL = "document.querySelector('article').insertAdjacentHTML('beforeend', `<div style='width: 3000px'>x</div>`);"
-PAGE_WIDTH = "const e = document.scrollingElement; return [e.clientWidth, e.scrollWidth];"
+PAGE_WIDTH = "const e = document.scrollingElement; return [window.innerWidth, e.clientWidth, e.scrollWidth];"
 # every code block of the page: [visible width, content width]; inline math that is cut off
 CODE_WIDTHS = "return [...document.querySelectorAll('div.cell_input pre')].map(p => [p.clientWidth, p.scrollWidth]);"
 # an inline formula (its box: overflow hidden, at most the line's width) whose typeset math is
@@ -146,10 +146,21 @@ def _settled(browser, server, page, width):
     assert browser.execute_async_script(UNFOLD_AND_SETTLE), f"{page}: MathJax or the fonts failed"
 
 
-def _too_wide(browser, page, width) -> list[str]:
-    client, scroll = browser.execute_script(PAGE_WIDTH)
-    wide = [f"{page} at {width} px: the page is {scroll} px wide in a {client} px window"] if scroll > client + 1 else []
-    cut = browser.execute_script(CUT_MATH)
+def _measure(browser, page, width) -> dict:
+    """What the width tests read of a page laid out at `width`: the window's width as the
+    page saw it, the page's [visible, content] width, the inline formulas cut off, and for a
+    chapter its code blocks' [visible, content] widths; raw numbers, so that a load and a
+    resize can be compared even where neither finds a problem."""
+    window, client, scroll = browser.execute_script(PAGE_WIDTH)
+    return {"window": window, "page": [client, scroll], "cut_math": browser.execute_script(CUT_MATH),
+            "code": browser.execute_script(CODE_WIDTHS) if page.startswith("chapters/") else []}
+
+
+def _too_wide(measured, page, width) -> list[str]:
+    client, scroll = measured["page"]
+    wide = [f"{page} at {width} px: the window is {measured['window']} px wide"] if measured["window"] != width else []
+    wide += [f"{page} at {width} px: the page is {scroll} px wide in a {client} px window"] if scroll > client + 1 else []
+    cut = measured["cut_math"]
     return wide + ([f"{page} at {width} px: {cut} inline formulas cut off"] if cut else [])
 
 
@@ -159,27 +170,42 @@ BROKEN_IMAGES = "return [...document.images].filter(i => !(i.complete && i.natur
 LINKS = "return [...document.querySelectorAll('a[href]')].map(a => a.href);"
 LAUNCH_LINKS = ("return [...document.querySelectorAll('.dropdown-launch-buttons a')]"
                 ".map(a => [a.querySelector('.btn__text-container').textContent.trim(), a.getAttribute('href')]);")
-# a resize is laid out by the next frame; two frames leave the theme's resize handlers run too
-NEXT_FRAMES = "const done = arguments[arguments.length - 1]; requestAnimationFrame(() => requestAnimationFrame(() => done(true)));"
+# a resize reaches the page as a new window.innerWidth (cells.css switches the code font at
+# 1440 px, so a window a few pixels off would measure another layout); once it has, the next
+# frame lays the page out and a second leaves the theme's resize handlers run too. Returns
+# the width the page saw, which the visit records and the tests compare with the asked one.
+RESIZED = """
+const [width, done] = [arguments[0], arguments[arguments.length - 1]];
+const deadline = performance.now() + 2000;  // a resize takes a frame or two; a failed one fails below
+const settle = () => requestAnimationFrame(() => requestAnimationFrame(() => done(window.innerWidth)));
+const poll = () => (window.innerWidth === width || performance.now() > deadline) ? settle() : requestAnimationFrame(poll);
+poll();
+"""
 
 
 class Visits(dict):
     """page -> what one visit saw: as loaded (console errors, images, math, links, launch
-    buttons), then with every folded cell open at each of WIDTHS (what _too_wide says, and
-    for a chapter the [visible, content] widths of its code blocks). One load per page: a
-    resize lays the page out as a load at that width would (the same numbers on every
-    page of the quick book, measured both ways; test_no_page_scrolls_sideways compares the
-    two on one chapter at each width), and loads are most of the browser's time."""
+    buttons), then with every folded cell open at each of WIDTHS, what _measure reads. One
+    load per page, at the widest width (where cells.css sets the largest code font), then
+    resized narrower: a resize lays the page out as a load at that width would (the same
+    numbers on every page of the quick book, measured both ways;
+    test_no_page_scrolls_sideways compares the two on one chapter at each width), and loads
+    are most of the browser's time."""
     server: str
+
+
+def _severe(browser) -> list[str]:
+    return [e["message"] for e in browser.get_log("browser") if e["level"] == "SEVERE"]
 
 
 @pytest.fixture(scope="module")
 def visits(built_book, server, browser):
     seen = Visits()
     seen.server = server
+    browser.set_script_timeout(60)
+    _severe(browser)  # what the browser logged before the first page is no page's
     for page in _pages(built_book):
-        browser.set_window_size(WIDTHS[0], 1000)
-        browser.set_script_timeout(60)
+        browser.set_window_size(max(WIDTHS), 1000)
         browser.get(urljoin(server, page))
         mathjax = browser.execute_async_script(WAIT_FOR_MATHJAX)
         visit = {"math": [*browser.execute_script(MATH_COUNTS), mathjax],
@@ -188,13 +214,12 @@ def visits(built_book, server, browser):
                  "launch_links": browser.execute_script(LAUNCH_LINKS)}
         assert browser.execute_async_script(UNFOLD_AND_SETTLE), f"{page}: MathJax or the fonts failed"
         visit["widths"] = {}
-        for width in WIDTHS:
+        for width in sorted(WIDTHS, reverse=True):
             browser.set_window_size(width, 1000)
-            browser.execute_async_script(NEXT_FRAMES)
-            code = browser.execute_script(CODE_WIDTHS) if page.startswith("chapters/") else []
-            visit["widths"][width] = (_too_wide(browser, page, width), code)
-        # after the page's last script: an error from unfolding or resizing counts too
-        visit["console_errors"] = [e["message"] for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+            browser.execute_async_script(RESIZED, width)
+            visit["widths"][width] = _measure(browser, page, width)
+        # read before the next page loads: an error from unfolding or resizing is this page's too
+        visit["console_errors"] = _severe(browser)
         seen[page] = visit
     return seen
 
@@ -203,16 +228,21 @@ def visits(built_book, server, browser):
 def test_no_page_scrolls_sideways(visits, server, browser, width):
     """At each width, with every folded cell open, the page itself never scrolls sideways
     and no inline formula is cut off; a display equation or a table may scroll inside its
-    own box (which does not widen the page). The check must see a page made too wide."""
-    wide = [problem for visit in visits.values() for problem in visit["widths"][width][0]]
+    own box (which does not widen the page). The page must have seen the window at that
+    width, a resize must measure what a load at that width measures, and the check must
+    see a page made too wide."""
+    wide = [problem for page, visit in visits.items() for problem in _too_wide(visit["widths"][width], page, width)]
     assert not wide, "\n".join(wide)
     _settled(browser, server, "chapters/value_law.html", width)  # the controls, on a chapter
-    loaded_at_width = (_too_wide(browser, "chapters/value_law.html", width), browser.execute_script(CODE_WIDTHS))
-    assert loaded_at_width == visits["chapters/value_law.html"]["widths"][width], "a resize measured otherwise than a load"
+    loaded_at_width = _measure(browser, "chapters/value_law.html", width)
+    assert loaded_at_width["window"] == width, f"a load at {width} px saw a {loaded_at_width['window']} px window"
+    assert loaded_at_width == visits["chapters/value_law.html"]["widths"][width], (
+        f"a resize measured otherwise than a load: {visits['chapters/value_law.html']['widths'][width]} "
+        f"against {loaded_at_width}")
     browser.execute_script(CUT_CONTROL)
     assert browser.execute_script(CUT_MATH) == 1, "the check did not see a formula cut off"
     browser.execute_script(WIDE_CONTROL)
-    assert _too_wide(browser, "control", width), "the check did not see a 3000 px wide block"
+    assert _too_wide(_measure(browser, "control", width), "control", width), "the check did not see a 3000 px wide block"
 
 
 def test_no_page_shows_an_error_or_an_unresolved_reference(built_book):
@@ -230,7 +260,7 @@ def test_code_cells_need_no_horizontal_scrolling(visits, server, browser, width)
     chapters = sorted(page for page in visits if page.startswith("chapters/"))
     wide, measured = [], 0
     for page in chapters:
-        for client, scroll in visits[page]["widths"][width][1]:
+        for client, scroll in visits[page]["widths"][width]["code"]:
             measured += 1
             if client == 0 or scroll > client + 1:
                 wide.append(f"{page}: a code cell {scroll} px wide in a {client} px column")
