@@ -18,8 +18,25 @@ the fast path's arithmetic rate against a float32 matmul measured on this machin
 same threads, and the largest difference between the paths' final losses (must be <= 1e-4;
 the script exits 1 otherwise). A benchmark, not a test: timings depend on the machine.
 
+With --profile it also runs a few steps of the fast path under PyTorch's profiler and prints
+where the time goes: the operators' time per step (products by their shape), as shares of
+the time inside operators (the profiler adds its own time to each, so the table's sum is not
+the step's time). For the PyTorch path it then times every matrix product of one step twice:
+inside a step under the profiler, and made again on its own on copies of its operands (the
+fastest of 5, after a warm-up), and takes the shorter of the two per product. The step's
+least work over that time is a ceiling on the path's rate: at this block size and with
+these products, the path runs no faster however cheap the rest of its step becomes. Taking
+the shorter time errs toward a high ceiling, as do the replay's warm caches and awake
+threads. No ceiling is printed where the recorder and the profiler disagree on the step's
+products (one the recorder cannot see would loosen it; one it records that the profiler
+does not count as a product would tighten it). It is measured --repeats times, each beside
+a measurement of the matmul rate; the peak is the highest of those (a lower one was
+disturbed), and the ceiling is called below or above a share of it (--target, 40% in
+issue 21) only where every repeat falls on the same side.
+
     .venv/bin/python benchmarks/sticky_chain_speed.py            # the whole protocol: 10 runs x 1000 steps
     .venv/bin/python benchmarks/sticky_chain_speed.py --steps 50 # a short check
+    .venv/bin/python benchmarks/sticky_chain_speed.py --steps 50 --profile
 """
 from __future__ import annotations
 
@@ -27,6 +44,8 @@ import argparse
 import os
 import threading
 import time
+from collections import defaultdict
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -72,10 +91,11 @@ def flop_per_run_step(T: int, d_x: int, d_k: int, d_v: int, C: int) -> float:
     """Floating-point operations (a multiply-add counts 2) that one training step of one run
     needs at the least: per visible (query, key) pair, the score q.k (2 d_k), the read-out
     alpha Zv (2C), the advantage dz.Zv (2C), dq and dk (4 d_k) and the value gradient
-    sum_i alpha dz (2C); plus the projections and their gradients (3 x 2 T d_x (2 d_k + d_v)
-    and the read-out map)."""
+    sum_i alpha dz (2C); plus the projections and their weights' gradients (2 x 2 T d_x
+    (2 d_k + d_v): x is data, its gradient is not needed) and the read-out map's three
+    products (Zv = V W_O, dV and dW_O: 3 x 2 T d_v C)."""
     pairs = T * (T + 1) / 2
-    projections = 3 * 2 * T * d_x * (2 * d_k + d_v) + 3 * 2 * T * d_v * C
+    projections = 2 * 2 * T * d_x * (2 * d_k + d_v) + 3 * 2 * T * d_v * C
     return pairs * (6 * d_k + 6 * C) + projections
 
 
@@ -102,6 +122,254 @@ def time_fast(seeds, seq_len, steps, block, native):
     return hist.loss[-1], 1000 * seconds / (len(names) * (steps + 1)), seconds, mem.added_mib
 
 
+PRODUCTS = {"bmm", "mm", "matmul", "addmm", "baddbmm"}  # `@` comes to a mode as matmul
+
+
+@dataclass
+class OpTime:
+    """One row of the profile: an operator (a product: by its shape) over the profiled steps."""
+
+    name: str
+    ms: float
+    calls: int
+    gflop: float = 0.0  # products only: the multiply-adds they did, x 2
+
+    @property
+    def gflops(self) -> float:
+        return self.gflop / (self.ms / 1000) if self.ms > 0 else 0.0
+
+
+def size_label(d: int, *, block: int, positions: int, head: tuple[int, ...] = ()) -> str:
+    """How a profile names a product's size: one of the head's sizes (``head``: d_x, d_k,
+    d_v, C, ...) is printed; ``positions`` (T) is "T"; the query block's rows (``block``, or
+    the last block's ``positions % block``) are "n"; the keys a block sees (a multiple of
+    ``block`` below T) are "b"; any other size is printed. The first block sees n keys and is
+    labelled n; where the block's rows equal a head size, :func:`label_clashes` says so."""
+    if d in head:
+        return str(d)
+    if d == positions:
+        return "T"
+    if d in {block, positions % block}:
+        return "n"
+    return "b" if d % block == 0 and d < positions else str(d)
+
+
+def label_clashes(*, block: int, positions: int, head: tuple[int, ...] = ()) -> list[int]:
+    """The head's sizes that a block's rows also have: products of those shapes share a label."""
+    return sorted({block, positions % block} & set(head))
+
+
+def product_label(a_shape, b_shape, **sizes) -> str:
+    """``(m x k) @ (k x n)`` of a product of (..., m, k) by (..., k, n), sizes named by
+    :func:`size_label`."""
+    m, k, n = (size_label(d, **sizes) for d in (a_shape[-2], a_shape[-1], b_shape[-1]))
+    return f"({m} x {k}) @ ({k} x {n})"
+
+
+def op_times(events, **sizes) -> list[OpTime]:
+    """The profile's operators (``key_averages(group_by_input_shape=True)`` rows: ``key``,
+    ``input_shapes``, ``self_cpu_time_total`` in microseconds, ``count``), products grouped by
+    :func:`product_label` (bmm and mm: the operands first; addmm and baddbmm: after the added
+    term), longest first."""
+    rows: dict[str, OpTime] = defaultdict(lambda: OpTime("", 0.0, 0))
+    for e in events:
+        op = e.key.removeprefix("aten::")
+        key = e.key
+        if op in PRODUCTS and len(e.input_shapes) >= 2:
+            a, b = e.input_shapes[1:3] if op in ("addmm", "baddbmm") else e.input_shapes[:2]
+            key = f"{op} {product_label(a, b, **sizes)}"
+        row = rows[key]
+        row.name, row.ms, row.calls = key, row.ms + e.self_cpu_time_total / 1000, row.calls + e.count
+    return sorted(rows.values(), key=lambda r: -r.ms)
+
+
+@dataclass
+class ProductCall:
+    """One matrix product a step made: its time there, and copies of its operands (same
+    sizes, strides and values) so that it can be made again on its own."""
+
+    name: str
+    func: object
+    args: tuple
+    kwargs: dict
+    gflop: float
+    step_ms: float = 0.0  # inside the step, as the profiler timed it
+
+
+def _copy(v):
+    if isinstance(v, torch.Tensor):
+        c = torch.empty_strided(v.size(), v.stride(), dtype=v.dtype)
+        return c.copy_(v)
+    return v
+
+
+class RecordProducts(torch.overrides.TorchFunctionMode):
+    """Records every matrix product called through torch (``@``, ``torch.bmm``, ...) inside
+    the ``with`` block, as :class:`ProductCall` with its operands copied. Not a timer: the
+    mode's Python between a step's operators slows the products it would time."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls: list[ProductCall] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        if name not in PRODUCTS:
+            return func(*args, **kwargs)
+        copies = tuple(_copy(a) for a in args), {k: _copy(v) for k, v in kwargs.items()}
+        out = func(*args, **kwargs)
+        a = args[1] if name in ("addmm", "baddbmm") else args[0]
+        self.calls.append(ProductCall(name, func, *copies, 2 * out.numel() * a.shape[-1] / 1e9))
+        return out
+
+
+class Unrecorded(ValueError):
+    """The recorded products are not the ones the profiler saw the step make."""
+
+
+def _product(e) -> bool:
+    return e.name.removeprefix("aten::") in PRODUCTS
+
+
+def _outermost(e) -> bool:
+    parent = e.cpu_parent
+    while parent is not None:
+        if _product(parent):
+            return False
+        parent = parent.cpu_parent
+    return True
+
+
+def record_products(fn) -> list[ProductCall]:
+    """The matrix products of ``fn()``, each with copies of its operands and its time in the
+    step: ``fn()`` runs under PyTorch's profiler (each product's time, the GFLOP it counts)
+    and again under :class:`RecordProducts`. Raises :class:`Unrecorded` where the two runs'
+    products differ in order or GFLOP: a product the recorder does not see (``einsum``,
+    ``F.linear``) would loosen a ceiling, and one it records that the profiler does not count
+    as a product (a vector product, a double count) would make it too tight."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], with_flops=True) as prof:
+        fn()
+    events = [e for e in prof.events() if _product(e)]
+    seen = sum(e.flops for e in events) / 1e9
+    timed = [e for e in events if _outermost(e)]
+    with RecordProducts() as rec:
+        fn()
+    calls = rec.calls
+    if [c.name for c in calls] != [e.name.removeprefix("aten::") for e in timed]:
+        raise Unrecorded(f"the recorder saw {len(calls)} products, the profiler {len(timed)}, in another order")
+    recorded = sum(c.gflop for c in calls)
+    if abs(recorded - seen) > 1e-9 * max(seen, 1.0):
+        raise Unrecorded(f"the recorder saw {recorded:.4f} GFLOP of products where the profiler counted {seen:.4f}")
+    for c, e in zip(calls, timed):
+        c.step_ms = e.cpu_time_total / 1000
+    return calls
+
+
+def replay_ms(calls: list[ProductCall], repeats: int = 5) -> list[float]:
+    """Each call made ``repeats`` more times on its copied operands, on its own, after one
+    warm-up: the fastest milliseconds of each. Its copies are freed after (they hold every
+    operand of a step)."""
+    best = []
+    for c in calls:
+        c.func(*c.args, **c.kwargs)
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            c.func(*c.args, **c.kwargs)
+            times.append(time.perf_counter() - start)
+        best.append(1000 * min(times))
+        c.args, c.kwargs = (), {}
+    return best
+
+
+def products_ceiling(useful_gflop: float, step_ms: list[float], alone_ms: list[float]) -> tuple[float, float]:
+    """The products' milliseconds (each the shorter of its time in the step and on its own)
+    and the GFLOP/s of ``useful_gflop`` done in that time: no faster can a step go that makes
+    these products, however little time the rest takes."""
+    ms = sum(min(a, b) for a, b in zip(step_ms, alone_ms, strict=True))
+    return ms, useful_gflop / (ms / 1000) if ms > 0 else float("inf")
+
+
+def side_of(shares: list[float], target: float) -> str:
+    """Where repeated measurements of a share lie against ``target``: a side only if all agree."""
+    if all(x < target for x in shares):
+        return "below"
+    if all(x >= target for x in shares):
+        return "at or above"
+    return "on both sides of"
+
+
+def profile_fast(seeds, seq_len, steps, block, native, *, repeats=3, target=0.40):
+    """Print where ``steps`` steps of the fast path spend their time and, for the PyTorch
+    path, the ceiling its products set, ``repeats`` times (see the module's text)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    batch = protocol_batch(seeds, seq_len)
+    loss_fn = causal_head_loss_fn(batch.x, batch.y, block=block, native=native)
+    rule = SGD(protocol_rates(batch.names))
+    sizes = dict(block=block, positions=seq_len - 1, head=(sc.D_X, D_K, D_V, sc.N_STATES, sc.N_STATES + 1))
+    train(batch.params, loss_fn, rule, 2)  # first calls (allocations, a kernel's load) not timed
+    start = time.perf_counter()
+    train(batch.params, loss_fn, rule, steps - 1)  # train() makes steps + 1 evaluations
+    plain_ms = 1000 * (time.perf_counter() - start) / steps
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        train(batch.params, loss_fn, rule, steps - 1)
+    rows = op_times(prof.key_averages(group_by_input_shape=True), **sizes)
+    in_ops = sum(r.ms for r in rows) / steps
+    path = "compiled kernel" if native else "PyTorch"
+    print(f"profile of {steps} steps of the fast path ({path}, block {block}), ms per step of all "
+          f"{len(batch.names)} runs: {plain_ms:.1f} without the profiler; under it, {in_ops:.1f} inside PyTorch "
+          f"operators (the profiler adds its own time to each)")
+    for d in label_clashes(**sizes):
+        print(f"  (a block's rows number {d}, as a size of the head does: products of both print as {d})")
+    print(f"  {'operator (n: a block of queries, b: the keys it sees, T: all positions)':62s} "
+          f"{'ms/step':>8s} {'of ops':>6s} {'calls/step':>10s}")
+    for r in rows[:14]:
+        print(f"  {r.name:62s} {r.ms / steps:8.2f} {100 * r.ms / steps / in_ops:5.1f}% {r.calls / steps:10.0f}")
+    rest = sum(r.ms for r in rows[14:]) / steps
+    print(f"  {f'{len(rows) - 14} other operators':62s} {rest:8.2f} {100 * rest / in_ops:5.1f}%")
+    if native:
+        print("  the compiled kernel makes each block's products itself: no ceiling from PyTorch's products")
+        return
+    useful = flop_per_run_step(seq_len - 1, sc.D_X, D_K, D_V, sc.N_STATES) * len(batch.names) / 1e9
+    peaks, ceilings = [], []
+    for i in range(repeats):
+        peak = matmul_gflops(torch.get_num_threads())
+        try:
+            calls = record_products(lambda: loss_fn(batch.params))
+        except Unrecorded as e:
+            print(f"  {e}: no ceiling")
+            return
+        recorded = sum(c.gflop for c in calls)
+        names = [f"{c.name} {product_label(c.args[-2].shape, c.args[-1].shape, **sizes)}" for c in calls]
+        step_ms = [c.step_ms for c in calls]
+        alone = replay_ms(calls)
+        ms, ceiling = products_ceiling(useful, step_ms, alone)
+        peaks.append(peak)
+        ceilings.append(ceiling)
+        print(f"  repeat {i + 1}: the step's {len(calls)} products ({recorded:.2f} GFLOP, as the profiler counts them) "
+              f"take {sum(step_ms):.1f} ms in a step under the profiler, {sum(alone):.1f} ms on their own, {ms:.1f} ms the shorter of "
+              f"each; the step's least work ({useful:.2f} GFLOP) in that time is {ceiling:.1f} GFLOP/s; the matmul "
+              f"beside it: {peak:.1f} GFLOP/s")
+    by_shape: dict[str, OpTime] = defaultdict(lambda: OpTime("", 0.0, 0))
+    for name, c, a, b in zip(names, calls, step_ms, alone):
+        row = by_shape[name]
+        row.name, row.ms, row.calls, row.gflop = name, row.ms + min(a, b), row.calls + 1, row.gflop + c.gflop
+    print("  the last repeat's products by shape (the shorter time of each):")
+    for r in sorted(by_shape.values(), key=lambda r: -r.ms)[:8]:
+        print(f"    {r.name:60s} {r.ms:8.2f} ms {r.calls:4d} calls {r.gflops:7.1f} GFLOP/s")
+    # the peak is the most the machine did: a lower measurement was disturbed, and dividing by it
+    # would raise that repeat's share
+    shares = [c / max(peaks) for c in ceilings]
+    print(f"  ceiling, in {repeats} repeats: {', '.join(f'{100 * x:.0f}%' for x in shares)} of the matmul peak "
+          f"(the highest of {', '.join(f'{x:.1f}' for x in peaks)} GFLOP/s), "
+          f"{side_of(shares, target)} {100 * target:.0f}% of it: at block {block} a step that makes these products "
+          f"runs no faster, however little time the rest of it takes")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=1000, help="training steps per run (protocol: 1000)")
@@ -110,9 +378,16 @@ def main() -> int:
     ap.add_argument("--block", type=int, default=64, help="query rows per block of the PyTorch path")
     ap.add_argument("--other-path", action="store_true",
                     help="also time the path not chosen here (the kernel or the PyTorch blocked path)")
+    ap.add_argument("--profile", action="store_true", help="also print where the fast path's time goes")
+    ap.add_argument("--profile-steps", type=int, default=20, help="steps profiled with --profile")
+    ap.add_argument("--repeats", type=int, default=3, help="measurements of the ceiling with --profile")
+    ap.add_argument("--target", type=float, default=0.40,
+                    help="share of the matmul peak the ceiling is compared with (issue 21: 0.40)")
     args = ap.parse_args()
-    if args.steps < 1 or args.seq_len < 2 or args.block < 1:
-        ap.error("--steps and --block must be >= 1 and --seq-len >= 2")
+    if min(args.steps, args.block, args.profile_steps, args.repeats) < 1 or args.seq_len < 2:
+        ap.error("--steps, --profile-steps, --repeats and --block must be >= 1 and --seq-len >= 2")
+    if not 0 < args.target <= 1:
+        ap.error(f"--target must be a share of the peak in (0, 1], got {args.target}")
 
     torch.set_num_threads(torch.get_num_threads())
     seeds = args.seeds
@@ -162,6 +437,9 @@ def main() -> int:
               f"{torch_ms / kernel_ms:.2f}x; the {names_of[native]} is chosen here")
     print(f"fast path: {flop / 1e6:.0f} MFLOP per run-step at least, {rate:.1f} GFLOP/s; "
           f"float32 matmul (1024^3) on this machine: {peak:.1f} GFLOP/s ({100 * rate / peak:.0f}% of it)")
+    if args.profile:
+        profile_fast(seeds, args.seq_len, args.profile_steps, args.block, native, repeats=args.repeats,
+                     target=args.target)
     diff = max(float(np.abs(np.array(naive_final) - f).max()) for f in finals.values())
     print(f"largest |final loss naive - fast| over the {runs} runs: {diff:.2e} (must be <= 1e-4)")
     for name, a, b in zip(names, naive_final, np.asarray(fast_final)):
