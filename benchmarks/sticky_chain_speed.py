@@ -18,21 +18,27 @@ the fast path's arithmetic rate against a float32 matmul measured on this machin
 same threads, and the largest difference between the paths' final losses (must be <= 1e-4;
 the script exits 1 otherwise). A benchmark, not a test: timings depend on the machine.
 
-With --profile it also runs a few steps of the fast path under PyTorch's profiler and prints
-where the time goes: the operators' time per step (products by their shape), as shares of
-the time inside operators (the profiler adds its own time to each, so the table's sum is not
-the step's time). For the PyTorch path it then times every matrix product of one step twice:
-inside a step under the profiler, and made again on its own on copies of its operands (the
-fastest of 5, after a warm-up), and takes the shorter of the two per product. The step's
-least work over that time is a ceiling on the path's rate: at this block size and with
-these products, the path runs no faster however cheap the rest of its step becomes. Taking
-the shorter time errs toward a high ceiling, as do the replay's warm caches and awake
-threads. No ceiling is printed where the recorder and the profiler disagree on the step's
-products (one the recorder cannot see would loosen it; one it records that the profiler
-does not count as a product would tighten it). It is measured --repeats times, each beside
-a measurement of the matmul rate; the peak is the highest of those (a lower one was
-disturbed), and the ceiling is called below or above a share of it (--target, 40% in
-issue 21) only where every repeat falls on the same side.
+With --profile it also runs a few steps of the fast path (with --other-path, then of the
+other path too: where the kernel is chosen, the PyTorch path's ceiling is seen no other
+way) under PyTorch's profiler and prints where the time goes: the operators' time per step
+(products by their shape), as shares of the time inside operators (the profiler adds its
+own time to each, so the table's sum is not the step's time). For the PyTorch path it then
+times every matrix product of one step twice: inside a step under the profiler, and made
+again on its own on copies of its operands (the fastest of 5, after a warm-up), and takes
+the shorter of the two per product. The step's counted work (flop_per_run_step) over that
+time is the ceiling: an estimate, from this run's timings, of the most the path could reach
+at this block size with these products if the rest of its step took no time. Taking the
+shorter time errs toward a high ceiling, as do the replay's warm caches and awake threads;
+the machine's speed drifts between runs, so one run's ceiling is one measurement. No
+ceiling is printed where the recorder and the profiler disagree on the step's products, in
+number, order or any one's GFLOP (one the recorder cannot see would loosen it; one it
+records that the profiler does not count as a product would tighten it). It is measured
+--repeats times, each beside a measurement of the matmul rate; a repeat whose products took
+longer than a whole step without the profiler was disturbed and gives no ceiling. The peak
+is the highest matmul rate measured in the run (a lower one was disturbed), for the path's
+own share as for the ceiling's, and the ceiling is called below or above a share of it
+(--target, 40% in issue 21) only where every undisturbed repeat falls on the same side;
+otherwise the run does not settle it.
 
     .venv/bin/python benchmarks/sticky_chain_speed.py            # the whole protocol: 10 runs x 1000 steps
     .venv/bin/python benchmarks/sticky_chain_speed.py --steps 50 # a short check
@@ -88,12 +94,16 @@ class PeakRSS:
 
 
 def flop_per_run_step(T: int, d_x: int, d_k: int, d_v: int, C: int) -> float:
-    """Floating-point operations (a multiply-add counts 2) that one training step of one run
-    needs at the least: per visible (query, key) pair, the score q.k (2 d_k), the read-out
-    alpha Zv (2C), the advantage dz.Zv (2C), dq and dk (4 d_k) and the value gradient
-    sum_i alpha dz (2C); plus the projections and their weights' gradients (2 x 2 T d_x
-    (2 d_k + d_v): x is data, its gradient is not needed) and the read-out map's three
-    products (Zv = V W_O, dV and dW_O: 3 x 2 T d_v C)."""
+    """Floating-point operations (a multiply-add counts 2) this benchmark counts for one
+    training step of one run, the rates it prints divide by: the head's products as the model
+    writes them, each visible (query, key) pair once. Per pair: the score q.k (2 d_k), the
+    read-out alpha Zv (2C), the advantage dz.Zv (2C), dq and dk (4 d_k) and the value
+    gradient sum_i alpha dz (2C); plus the projections and their weights' gradients (2 x 2 T
+    d_x (2 d_k + d_v): x is data, its gradient is not needed) and the read-out map's three
+    products (Zv = V W_O, dV and dW_O: 3 x 2 T d_v C). Not the least any step could do: one
+    that multiplied W_V W_O first would need less; the PyTorch path at block 1 (no masked
+    pair) makes exactly this plus 2 per pair for the row of ones its advantage product carries
+    (tests/test_speed_profile.py)."""
     pairs = T * (T + 1) / 2
     projections = 2 * 2 * T * d_x * (2 * d_k + d_v) + 3 * 2 * T * d_v * C
     return pairs * (6 * d_k + 6 * C) + projections
@@ -241,29 +251,36 @@ def _outermost(e) -> bool:
     return True
 
 
+def _gflop_within(e) -> float:
+    """The GFLOP the profiler counts in product event ``e`` and the products it calls (``matmul``
+    counts none itself: its ``mm`` or ``bmm`` does)."""
+    return (e.flops if _product(e) else 0) / 1e9 + sum(_gflop_within(c) for c in e.cpu_children)
+
+
 def record_products(fn) -> list[ProductCall]:
     """The matrix products of ``fn()``, each with copies of its operands and its time in the
     step: ``fn()`` runs under PyTorch's profiler (each product's time, the GFLOP it counts)
     and again under :class:`RecordProducts`. Raises :class:`Unrecorded` where the two runs'
-    products differ in order or GFLOP: a product the recorder does not see (``einsum``,
-    ``F.linear``) would loosen a ceiling, and one it records that the profiler does not count
-    as a product (a vector product, a double count) would make it too tight."""
+    products differ in number, order or the GFLOP of any one: a product the recorder does not
+    see (``einsum``, ``F.linear``) would loosen a ceiling, and one it records that the profiler
+    does not count as a product (a vector product, a double count) would make it too tight."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU], with_flops=True) as prof:
         fn()
-    events = [e for e in prof.events() if _product(e)]
-    seen = sum(e.flops for e in events) / 1e9
-    timed = [e for e in events if _outermost(e)]
+    timed = [e for e in prof.events() if _product(e) and _outermost(e)]
     with RecordProducts() as rec:
         fn()
     calls = rec.calls
-    if [c.name for c in calls] != [e.name.removeprefix("aten::") for e in timed]:
-        raise Unrecorded(f"the recorder saw {len(calls)} products, the profiler {len(timed)}, in another order")
-    recorded = sum(c.gflop for c in calls)
-    if abs(recorded - seen) > 1e-9 * max(seen, 1.0):
-        raise Unrecorded(f"the recorder saw {recorded:.4f} GFLOP of products where the profiler counted {seen:.4f}")
-    for c, e in zip(calls, timed):
+    if len(calls) != len(timed):
+        raise Unrecorded(f"the recorder saw {len(calls)} products, the profiler {len(timed)}")
+    for i, (c, e) in enumerate(zip(calls, timed)):
+        seen = _gflop_within(e)
+        if c.name != e.name.removeprefix("aten::"):
+            raise Unrecorded(f"product {i + 1} of {len(calls)} is {c.name} to the recorder, {e.name} to the profiler")
+        if abs(c.gflop - seen) > 1e-9 * max(seen, 1.0):
+            raise Unrecorded(f"product {i + 1} of {len(calls)} ({c.name}): the recorder counted {c.gflop * 1e9:.0f} "
+                             f"FLOP where the profiler counted {seen * 1e9:.0f}")
         c.step_ms = e.cpu_time_total / 1000
     return calls
 
@@ -287,24 +304,28 @@ def replay_ms(calls: list[ProductCall], repeats: int = 5) -> list[float]:
 
 def products_ceiling(useful_gflop: float, step_ms: list[float], alone_ms: list[float]) -> tuple[float, float]:
     """The products' milliseconds (each the shorter of its time in the step and on its own)
-    and the GFLOP/s of ``useful_gflop`` done in that time: no faster can a step go that makes
-    these products, however little time the rest takes."""
+    and the GFLOP/s of ``useful_gflop`` done in that time: an estimate, from these timings, of
+    the most a step that makes these products could reach if the rest of it took no time."""
     ms = sum(min(a, b) for a, b in zip(step_ms, alone_ms, strict=True))
     return ms, useful_gflop / (ms / 1000) if ms > 0 else float("inf")
 
 
 def side_of(shares: list[float], target: float) -> str:
-    """Where repeated measurements of a share lie against ``target``: a side only if all agree."""
-    if all(x < target for x in shares):
+    """Where repeated measurements of a share lie against ``target``: a side only if all agree
+    (and some were made)."""
+    if shares and all(x < target for x in shares):
         return "below"
-    if all(x >= target for x in shares):
+    if shares and all(x >= target for x in shares):
         return "at or above"
-    return "on both sides of"
+    return "on both sides of" if shares else "not measured against"
 
 
-def profile_fast(seeds, seq_len, steps, block, native, *, repeats=3, target=0.40):
-    """Print where ``steps`` steps of the fast path spend their time and, for the PyTorch
-    path, the ceiling its products set, ``repeats`` times (see the module's text)."""
+def profile_fast(seeds, seq_len, steps, block, native, *, repeats=3, target=0.40, peaks=None) -> dict:
+    """Print where ``steps`` steps of a path (``native``: the kernel's) spend their time and, for the PyTorch
+    path, the ceiling its products set, ``repeats`` times (see the module's text). ``peaks``:
+    the matmul rates measured so far in this run; each repeat's is added to it. Returns the
+    ceilings' shares of the highest peak (``shares``), the repeats whose products took longer
+    than a whole step without the profiler (``disturbed``: no share), and ``peaks``."""
     from torch.profiler import ProfilerActivity, profile
 
     batch = protocol_batch(seeds, seq_len)
@@ -319,8 +340,8 @@ def profile_fast(seeds, seq_len, steps, block, native, *, repeats=3, target=0.40
         train(batch.params, loss_fn, rule, steps - 1)
     rows = op_times(prof.key_averages(group_by_input_shape=True), **sizes)
     in_ops = sum(r.ms for r in rows) / steps
-    path = "compiled kernel" if native else "PyTorch"
-    print(f"profile of {steps} steps of the fast path ({path}, block {block}), ms per step of all "
+    path = "the compiled kernel" if native else "the PyTorch blocked path"
+    print(f"profile of {steps} steps of {path} (block {block}), ms per step of all "
           f"{len(batch.names)} runs: {plain_ms:.1f} without the profiler; under it, {in_ops:.1f} inside PyTorch "
           f"operators (the profiler adds its own time to each)")
     for d in label_clashes(**sizes):
@@ -331,29 +352,37 @@ def profile_fast(seeds, seq_len, steps, block, native, *, repeats=3, target=0.40
         print(f"  {r.name:62s} {r.ms / steps:8.2f} {100 * r.ms / steps / in_ops:5.1f}% {r.calls / steps:10.0f}")
     rest = sum(r.ms for r in rows[14:]) / steps
     print(f"  {f'{len(rows) - 14} other operators':62s} {rest:8.2f} {100 * rest / in_ops:5.1f}%")
+    peaks = [] if peaks is None else peaks
+    result = dict(shares=[], disturbed=[], peaks=peaks)
     if native:
         print("  the compiled kernel makes each block's products itself: no ceiling from PyTorch's products")
-        return
+        return result
     useful = flop_per_run_step(seq_len - 1, sc.D_X, D_K, D_V, sc.N_STATES) * len(batch.names) / 1e9
-    peaks, ceilings = [], []
+    ceilings = []
     for i in range(repeats):
         peak = matmul_gflops(torch.get_num_threads())
         try:
             calls = record_products(lambda: loss_fn(batch.params))
         except Unrecorded as e:
             print(f"  {e}: no ceiling")
-            return
+            return result
         recorded = sum(c.gflop for c in calls)
         names = [f"{c.name} {product_label(c.args[-2].shape, c.args[-1].shape, **sizes)}" for c in calls]
         step_ms = [c.step_ms for c in calls]
         alone = replay_ms(calls)
         ms, ceiling = products_ceiling(useful, step_ms, alone)
         peaks.append(peak)
-        ceilings.append(ceiling)
+        # the products are part of a step: longer than a whole step (timed without the profiler)
+        # they were slowed by something else on the machine, and their ceiling means nothing
+        if ms > plain_ms:
+            result["disturbed"].append(i + 1)
+        else:
+            ceilings.append(ceiling)
         print(f"  repeat {i + 1}: the step's {len(calls)} products ({recorded:.2f} GFLOP, as the profiler counts them) "
               f"take {sum(step_ms):.1f} ms in a step under the profiler, {sum(alone):.1f} ms on their own, {ms:.1f} ms the shorter of "
-              f"each; the step's least work ({useful:.2f} GFLOP) in that time is {ceiling:.1f} GFLOP/s; the matmul "
-              f"beside it: {peak:.1f} GFLOP/s")
+              f"each; the step's counted work ({useful:.2f} GFLOP) in that time is {ceiling:.1f} GFLOP/s; the matmul "
+              f"beside it: {peak:.1f} GFLOP/s"
+              + (f"; DISTURBED: longer than a whole step ({plain_ms:.1f} ms), no ceiling" if ms > plain_ms else ""))
     by_shape: dict[str, OpTime] = defaultdict(lambda: OpTime("", 0.0, 0))
     for name, c, a, b in zip(names, calls, step_ms, alone):
         row = by_shape[name]
@@ -363,11 +392,16 @@ def profile_fast(seeds, seq_len, steps, block, native, *, repeats=3, target=0.40
         print(f"    {r.name:60s} {r.ms:8.2f} ms {r.calls:4d} calls {r.gflops:7.1f} GFLOP/s")
     # the peak is the most the machine did: a lower measurement was disturbed, and dividing by it
     # would raise that repeat's share
-    shares = [c / max(peaks) for c in ceilings]
-    print(f"  ceiling, in {repeats} repeats: {', '.join(f'{100 * x:.0f}%' for x in shares)} of the matmul peak "
-          f"(the highest of {', '.join(f'{x:.1f}' for x in peaks)} GFLOP/s), "
-          f"{side_of(shares, target)} {100 * target:.0f}% of it: at block {block} a step that makes these products "
-          f"runs no faster, however little time the rest of it takes")
+    result["shares"] = shares = [c / max(peaks) for c in ceilings]
+    side = side_of(shares, target)
+    print(f"  ceiling, in {repeats} repeats ({len(shares)} undisturbed): "
+          f"{', '.join(f'{100 * x:.0f}%' for x in shares) or 'none'} of the matmul peak "
+          f"(the highest of {', '.join(f'{x:.1f}' for x in peaks)} GFLOP/s, every measurement in this run), "
+          f"{side} {100 * target:.0f}% of it"
+          + ("" if side in ("below", "at or above") else ": not settled by this run")
+          + f". An estimate from this run's timings of the most a step at block {block} that makes these "
+            f"products could reach if the rest of it took no time")
+    return result
 
 
 def main() -> int:
@@ -378,7 +412,8 @@ def main() -> int:
     ap.add_argument("--block", type=int, default=64, help="query rows per block of the PyTorch path")
     ap.add_argument("--other-path", action="store_true",
                     help="also time the path not chosen here (the kernel or the PyTorch blocked path)")
-    ap.add_argument("--profile", action="store_true", help="also print where the fast path's time goes")
+    ap.add_argument("--profile", action="store_true",
+                    help="also print where the fast path's time goes (with --other-path, the other path's too)")
     ap.add_argument("--profile-steps", type=int, default=20, help="steps profiled with --profile")
     ap.add_argument("--repeats", type=int, default=3, help="measurements of the ceiling with --profile")
     ap.add_argument("--target", type=float, default=0.40,
@@ -427,7 +462,7 @@ def main() -> int:
 
     threads = torch.get_num_threads()
     flop = flop_per_run_step(args.seq_len - 1, sc.D_X, D_K, D_V, sc.N_STATES)
-    peak = matmul_gflops(threads)
+    peaks = [matmul_gflops(threads)]
     rate = flop / (fast_ms / 1000) / 1e9
     print(f"CPU: {cpu_model()}, {threads} threads")
     print(f"speed ratio naive / fast: {naive_ms / fast_ms:.1f}x")
@@ -435,11 +470,16 @@ def main() -> int:
         kernel_ms, torch_ms = (fast_ms, o_ms) if native else (o_ms, fast_ms)
         print(f"speed ratio PyTorch blocked path / compiled kernel (as in native/speed.json): "
               f"{torch_ms / kernel_ms:.2f}x; the {names_of[native]} is chosen here")
-    print(f"fast path: {flop / 1e6:.0f} MFLOP per run-step at least, {rate:.1f} GFLOP/s; "
-          f"float32 matmul (1024^3) on this machine: {peak:.1f} GFLOP/s ({100 * rate / peak:.0f}% of it)")
     if args.profile:
-        profile_fast(seeds, args.seq_len, args.profile_steps, args.block, native, repeats=args.repeats,
-                     target=args.target)
+        # with --other-path the path not chosen is profiled too: where the kernel is chosen, that
+        # is the only way to see the PyTorch path's ceiling
+        for path in [native] + ([not native] if args.other_path and builds else []):
+            profile_fast(seeds, args.seq_len, args.profile_steps, args.block, path, repeats=args.repeats,
+                         target=args.target, peaks=peaks)
+    # the path's share against the same peak as the ceiling's: the highest rate measured in this run
+    print(f"fast path: {flop / 1e6:.0f} MFLOP of counted work per run-step, {rate:.1f} GFLOP/s; "
+          f"float32 matmul (1024^3) on this machine: {max(peaks):.1f} GFLOP/s, the highest of "
+          f"{len(peaks)} measured in this run ({100 * rate / max(peaks):.0f}% of it)")
     diff = max(float(np.abs(np.array(naive_final) - f).max()) for f in finals.values())
     print(f"largest |final loss naive - fast| over the {runs} runs: {diff:.2e} (must be <= 1e-4)")
     for name, a, b in zip(names, naive_final, np.asarray(fast_final)):

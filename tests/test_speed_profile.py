@@ -81,8 +81,24 @@ def test_a_product_the_recorder_cannot_see_is_named():
 
 def test_a_product_the_profiler_does_not_count_is_named():
     v, w, a, b = torch.randn(50), torch.randn(50), torch.randn(3, 6, 4), torch.randn(3, 4, 50)
-    with pytest.raises(speed.Unrecorded, match="GFLOP of products where the profiler counted"):
+    with pytest.raises(speed.Unrecorded, match=r"product 1 of 2 \(matmul\): the recorder counted 100 FLOP where "
+                                               r"the profiler counted 0"):
         speed.record_products(lambda: [v @ w, a @ b])  # a vector product: aten::dot, no product's GFLOP
+
+
+def _second_run_differs(first, second):
+    """A step whose second run (the recorder's) makes other products than its first (the profiler's)."""
+    runs = iter([first, second])
+    return lambda: next(runs)()
+
+
+def test_products_that_differ_one_by_one_are_named_where_their_totals_agree():
+    a, b, c = torch.randn(3, 6, 4), torch.randn(3, 4, 50), torch.randn(3, 50, 2)
+    with pytest.raises(speed.Unrecorded, match="product 1 of 2 is bmm to the recorder, aten::matmul to the profiler"):
+        speed.record_products(_second_run_differs(lambda: [a @ b, b @ c], lambda: [torch.bmm(a, b), b @ c]))
+    with pytest.raises(speed.Unrecorded, match=r"product 1 of 2 \(matmul\): the recorder counted 2400 FLOP where "
+                                               r"the profiler counted 7200"):  # the same 9600 FLOP in all
+        speed.record_products(_second_run_differs(lambda: [a @ b, b @ c], lambda: [b @ c, a @ b]))
 
 
 def test_the_ceiling_takes_the_shorter_time_of_each_product():
@@ -96,26 +112,106 @@ def test_a_side_of_the_target_is_named_only_where_every_repeat_agrees():
     assert speed.side_of([0.30, 0.35, 0.39], 0.40) == "below"
     assert speed.side_of([0.40, 0.45], 0.40) == "at or above"
     assert speed.side_of([0.33, 0.43], 0.40) == "on both sides of"
+    assert speed.side_of([], 0.40) == "not measured against"  # every repeat disturbed: no side
 
 
 def test_the_profile_prints_a_ceiling_only_where_the_recorder_agrees_with_the_profiler(capsys, monkeypatch):
-    speed.profile_fast([0], 40, 2, 8, False, repeats=2)
+    peaks = [1.0]  # a rate measured before, lower than any matmul here: the profile's own must win
+    result = speed.profile_fast([0], 40, 2, 8, False, repeats=2, peaks=peaks)
     out = capsys.readouterr().out
-    assert "repeat 2:" in out and "ceiling, in 2 repeats:" in out and "of the matmul peak" in out
+    assert "repeat 2:" in out and "ceiling, in 2 repeats (2 undisturbed):" in out and "DISTURBED" not in out
+    assert len(peaks) == 3 and result["peaks"] is peaks and result["disturbed"] == []
+    assert len(result["shares"]) == 2 and all(0 < x <= 1 for x in result["shares"])  # of the highest peak
 
     def disagree(fn):
-        raise speed.Unrecorded("the recorder saw 1 products, the profiler 2, in another order")
+        raise speed.Unrecorded("the recorder saw 1 products, the profiler 2")
 
     monkeypatch.setattr(speed, "record_products", disagree)
-    speed.profile_fast([0], 40, 2, 8, False, repeats=2)
+    result = speed.profile_fast([0], 40, 2, 8, False, repeats=2)
     out = capsys.readouterr().out
-    assert "in another order: no ceiling" in out and "ceiling, in" not in out
+    assert "the profiler 2: no ceiling" in out and "ceiling, in" not in out and result["shares"] == []
 
 
-@pytest.mark.parametrize("T, block", [(37, 8), (64, 64), (50, 7)])
-def test_the_recorder_sees_every_product_of_the_pytorch_blocked_step(T, block):
+def test_products_slower_than_a_whole_step_give_no_ceiling(capsys, monkeypatch):
+    # a step's products cannot take longer than the step: where they did, the machine was busy
+    monkeypatch.setattr(speed, "replay_ms", lambda calls: [1e6 for _ in calls])
+    record = speed.record_products
+
+    def slowed(fn):
+        calls = record(fn)
+        for c in calls:
+            c.step_ms = 1e6
+        return calls
+
+    monkeypatch.setattr(speed, "record_products", slowed)
+    result = speed.profile_fast([0], 40, 2, 8, False, repeats=2)
+    out = capsys.readouterr().out
+    assert result["disturbed"] == [1, 2] and result["shares"] == []
+    assert out.count("DISTURBED: longer than a whole step") == 2
+    assert "(0 undisturbed): none" in out and "not measured against 40%" in out and "not settled" in out
+
+
+@pytest.mark.parametrize("chosen", [True, False])
+@pytest.mark.parametrize("other", [True, False])
+def test_other_path_profiles_the_path_not_chosen_too(chosen, other, capsys, monkeypatch):
+    # where the kernel is chosen, --other-path is the one way to see the PyTorch path's ceiling
+    profiled = []
+    monkeypatch.setattr(speed, "causal_head_kernel", lambda *a: None)  # the kernel "builds"
+    monkeypatch.setattr(speed, "chooses", lambda name: chosen)
+    monkeypatch.setattr(speed, "choice_reason", lambda name: (chosen, "stubbed"))
+    real = speed.time_fast  # both timed on the PyTorch path: no compiler needed
+    monkeypatch.setattr(speed, "time_fast", lambda s, L, n, b, native: real(s, L, n, b, False))
+    monkeypatch.setattr(speed, "matmul_gflops", lambda threads: 1.0)
+    monkeypatch.setattr(speed, "profile_fast", lambda *a, **kw: profiled.append(a[4]))
+    monkeypatch.setattr(sys, "argv", ["sticky_chain_speed.py", "--steps", "1", "--seeds", "0", "--seq-len", "12",
+                                      "--profile"] + (["--other-path"] if other else []))
+    assert speed.main() == 0
+    assert profiled == ([chosen, not chosen] if other else [chosen])
+    capsys.readouterr()
+
+
+def _blocked_step(T, block):
     params = init_heads([0, 1])
     g = torch.Generator().manual_seed(1)
     x, y = torch.randn(2, T, 20, generator=g), torch.randint(0, 8, (2, T), generator=g)
-    calls = speed.record_products(lambda: blocked_causal_step(params, x, y, block=block, native=False))
-    assert len(calls) > 6 * (T // block) and all(c.step_ms > 0 for c in calls)
+    return lambda: blocked_causal_step(params, x, y, block=block, native=False)
+
+
+class _RecordOutputs(speed.RecordProducts):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        n = len(self.calls)
+        out = super().__torch_function__(func, types, args, kwargs)
+        if len(self.calls) > n:
+            self.calls[-1].out = out.clone()
+        return out
+
+
+@pytest.mark.parametrize("T, block", [(37, 8), (64, 64), (50, 7), (12, 1)])
+def test_the_recorder_sees_every_product_of_the_pytorch_blocked_step_and_makes_each_again(T, block):
+    step = _blocked_step(T, block)
+    calls = speed.record_products(step)
+    # four products before the blocks (Q, K, V, Zv), six in each block of queries, five after (dV and
+    # the four weights' gradients)
+    assert len(calls) == 4 + 6 * -(-T // block) + 5 and all(c.step_ms > 0 for c in calls)
+    with _RecordOutputs() as rec:
+        step()
+    eps = torch.finfo(torch.float32).eps / 2  # float32's unit roundoff
+    for c in rec.calls:
+        again = c.func(*c.args, **c.kwargs)
+        a, b = (c.args[1], c.args[2]) if c.name in ("addmm", "baddbmm") else (c.args[0], c.args[1])
+        # a sum of k products in another order (another kernel, another alignment) moves by at most
+        # about k ulps of the sum of the terms' sizes, twice for the two sums compared
+        bound = 2 * a.shape[-1] * eps * (a.abs() @ b.abs())
+        assert again.shape == c.out.shape and bool(((again - c.out).abs() <= bound + 1e-30).all()), c.name
+    assert all(t > 0 for t in speed.replay_ms(calls, repeats=2))
+
+
+@pytest.mark.parametrize("T", [1, 12, 37])
+def test_the_counted_work_is_the_blocked_steps_products_where_no_pair_is_masked(T):
+    # at block 1 each query row sees exactly the keys up to it: the path's products are the count,
+    # plus the row of ones its advantage product carries (2 FLOP per pair) and nothing else
+    calls = speed.record_products(_blocked_step(T, 1))
+    made = sum(c.gflop for c in calls) * 1e9
+    counted = 2 * speed.flop_per_run_step(T, 20, 10, 15, 8)  # two runs
+    assert made == pytest.approx(counted + 2 * T * (T + 1), rel=1e-12)
+    assert speed.flop_per_run_step(1999, 20, 10, 15, 8) == pytest.approx(223.0e6, rel=5e-4)  # the printed 223 MFLOP
