@@ -403,7 +403,8 @@ def profile_fast(seeds, seq_len, steps, block, native, *, repeats=3, target=0.40
         # they were slowed by something else on the machine, and their ceiling means nothing.
         # A coarse check: the products are a share of a step, so it catches only a slowdown by
         # more than the step's time over theirs
-        if ms > plain_ms:
+        disturbed = ms > plain_ms
+        if disturbed:
             result["disturbed"].append(i + 1)
         else:
             ceilings.append(ceiling)
@@ -411,8 +412,7 @@ def profile_fast(seeds, seq_len, steps, block, native, *, repeats=3, target=0.40
               f"take {sum(step_ms):.1f} ms in a step under the profiler, {sum(alone):.1f} ms on their own, {ms:.1f} ms the shorter of "
               f"each; the step's counted work ({useful:.2f} GFLOP) in that time is {ceiling:.1f} GFLOP/s; the matmul "
               f"beside it: {peak:.1f} GFLOP/s"
-              + (f"; DISTURBED: longer than the fastest whole step ({plain_ms:.1f} ms), no ceiling"
-                 if ms > plain_ms else ""))
+              + (f"; DISTURBED: longer than the fastest whole step ({plain_ms:.1f} ms), no ceiling" if disturbed else ""))
     by_shape: dict[str, OpTime] = defaultdict(lambda: OpTime("", 0.0, 0))
     for name, c, a, b in zip(names, calls, step_ms, alone):
         row = by_shape[name]
