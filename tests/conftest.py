@@ -44,6 +44,19 @@ def artifact_store(tmp_path_factory) -> Path:
     return folder
 
 
+@pytest.fixture(autouse=True)
+def _environment_restored():
+    """Each test leaves the process environment as it found it: a LocalCluster's nanny
+    writes its pre-spawn environment (MALLOC_TRIM_THRESHOLD_, OMP_NUM_THREADS=1) into the
+    process that starts it and leaves it there, and every later test's kernels would
+    inherit it."""
+    before = dict(os.environ)
+    yield
+    if os.environ != before:
+        os.environ.clear()
+        os.environ.update(before)
+
+
 @pytest.fixture(scope="session")
 def root() -> Path:
     return find_root(ROOT)

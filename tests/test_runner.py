@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import nbformat
@@ -505,6 +506,39 @@ def test_the_books_chapters_run_on_a_dask_cluster(tmp_path, capsys):
     assert f"2 chapters on the Dask cluster at {cluster.scheduler_address}" in out
     records = {n: json.loads((tmp_path / "out" / f"{n}.json").read_text()) for n in ("tiny", "other")}
     assert records["tiny"]["values"]["double"] == 6 and records["other"]["values"]["double"] == 14
+
+
+def test_workers_started_with_the_nannys_malloc_trim_are_named_and_the_advice_removes_it():
+    """A Dask nanny starts its worker with MALLOC_TRIM_THRESHOLD_ set (it slows training:
+    benchmarks/dask_workers.py); the runner says so on connecting, and a cluster started
+    with the environment variable it advises gets no warning."""
+    import dask
+    from distributed import Client, LocalCluster
+
+    from attention_dynamics.book.scheduling import KEEP_GLIBC_DEFAULT, malloc_trim_warning
+
+    def warning():
+        before = dict(os.environ)  # the nanny writes its environment into this process's
+        try:
+            with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
+                    Client(cluster) as client:
+                return malloc_trim_warning(client)
+        finally:
+            os.environ.clear()
+            os.environ.update(before)
+
+    expected = dask.config.get("distributed.nanny.pre-spawn-environ")["MALLOC_TRIM_THRESHOLD_"]
+    assert f"1 of 1 Dask worker(s) run with MALLOC_TRIM_THRESHOLD_={expected}" in warning()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(*KEEP_GLIBC_DEFAULT)
+        dask.config.refresh()
+        try:
+            assert warning() is None
+            assert dask.config.get("distributed.nanny.pre-spawn-environ")["OMP_NUM_THREADS"] == 1  # kept
+        finally:
+            mp.undo()
+            dask.config.refresh()
+    assert "MALLOC_TRIM_THRESHOLD_" in dask.config.get("distributed.nanny.pre-spawn-environ")
 
 
 @pytest.mark.parametrize("threads", [1, 2])

@@ -20,7 +20,7 @@ from .jobs import RESULTS, Job, JobResult
 from .dispatch import Dispatch, one_after_another
 
 __all__ = ["usable_cpus", "expected_seconds", "longest_first", "run_chapters", "run_jobs", "run_grid",
-           "dask_executor", "local_workers", "SCHEDULER_TIMEOUT_S"]
+           "dask_executor", "local_workers", "malloc_trim_warning", "SCHEDULER_TIMEOUT_S"]
 
 
 def usable_cpus() -> int:
@@ -162,6 +162,33 @@ def run_jobs(jobs: list[Job], executor: Executor | None = None, *, progress: boo
 
 
 SCHEDULER_TIMEOUT_S = 10
+# A Dask nanny starts its worker with MALLOC_TRIM_THRESHOLD_=65536
+# (distributed.nanny.pre-spawn-environ), and the chapters' kernels inherit it. Setting it at
+# all fixes glibc's mmap threshold at 128 KiB, so each larger tensor is mapped, faulted in and
+# unmapped again on every step: benchmarks/dask_workers.py measured a wind-tunnel step at
+# 1.89x a plain process's with it and 1.04x without (12,100 minor page faults per step against
+# ~250; AMD EPYC Zen 4, 2026-12-04), and the quick book on two workers took 246 s with it,
+# 162-171 s without in five runs of six (one took 203 s), as on the local pool (161, 167 s).
+# Dask's profiler, the other suspect, made no difference there (on: 171, 162 s; off: 166, 170 s).
+MALLOC_TRIM = "MALLOC_TRIM_THRESHOLD_"
+KEEP_GLIBC_DEFAULT = ("DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON", "{'MALLOC_TRIM_THRESHOLD_': None}")
+
+
+def _malloc_trim() -> str | None:
+    return os.environ.get(MALLOC_TRIM)
+
+
+def malloc_trim_warning(client) -> str | None:
+    """A warning naming how many workers of ``client``'s cluster have MALLOC_TRIM_THRESHOLD_
+    set, and the environment to start them with instead; None when none has."""
+    got = client.run(_malloc_trim)
+    set_ = [v for v in got.values() if v is not None]
+    if not set_:
+        return None
+    name, value = KEEP_GLIBC_DEFAULT
+    return (f"warning: {len(set_)} of {len(got)} Dask worker(s) run with {MALLOC_TRIM}="
+            f"{', '.join(sorted(set(set_)))} (a Dask nanny sets it), which fixes glibc's mmap threshold and slows "
+            f"training; start the workers with {name}=\"{value}\" in their environment (book/cluster.md)")
 
 
 @contextmanager
@@ -176,6 +203,9 @@ def dask_executor(scheduler: str):
         raise ValueError(f"cannot reach the Dask scheduler at {scheduler} within {SCHEDULER_TIMEOUT_S} s "
                          f"({type(e).__name__})") from None
     with client:
+        warning = malloc_trim_warning(client)
+        if warning:
+            print(warning, flush=True)
         executor = client.get_executor()
         # plans need one thread per worker (models made in one process share its generator)
         executor.threads_per_worker = max(client.nthreads().values(), default=1)
