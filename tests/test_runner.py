@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 
 import nbformat
 import pytest
@@ -527,18 +529,50 @@ def test_workers_started_with_the_nannys_malloc_trim_are_named_and_the_advice_re
             os.environ.clear()
             os.environ.update(before)
 
-    expected = dask.config.get("distributed.nanny.pre-spawn-environ")["MALLOC_TRIM_THRESHOLD_"]
-    assert f"1 of 1 Dask worker(s) run with MALLOC_TRIM_THRESHOLD_={expected}" in warning()
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(*KEEP_GLIBC_DEFAULT)
+        # Dask as it comes, whatever the shell running the tests has set
+        mp.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
+        mp.delenv(KEEP_GLIBC_DEFAULT[0], raising=False)
         dask.config.refresh()
         try:
+            expected = dask.config.get("distributed.nanny.pre-spawn-environ")["MALLOC_TRIM_THRESHOLD_"]
+            got = warning()
+            assert f"1 of 1 Dask worker(s) started with MALLOC_TRIM_THRESHOLD_={expected} (tcp://" in got
+            mp.setenv(*KEEP_GLIBC_DEFAULT)
+            dask.config.refresh()
             assert warning() is None
             assert dask.config.get("distributed.nanny.pre-spawn-environ")["OMP_NUM_THREADS"] == 1  # kept
         finally:
             mp.undo()
             dask.config.refresh()
-    assert "MALLOC_TRIM_THRESHOLD_" in dask.config.get("distributed.nanny.pre-spawn-environ")
+    # a fresh process (a `dask worker` command) reads the advice as it imports dask
+    name, value = KEEP_GLIBC_DEFAULT
+    code = "import dask, distributed; print(dask.config.get('distributed.nanny.pre-spawn-environ'))"
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_TRIM_THRESHOLD_"} | {name: value}
+    fresh = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert "'MALLOC_TRIM_THRESHOLD_': None" in fresh and "'OMP_NUM_THREADS': 1" in fresh
+
+
+def test_a_cluster_that_cannot_say_gets_a_note_or_nothing_and_the_book_goes_on():
+    """No worker yet (a batch queue's jobs join later): a note says nothing was checked; a
+    worker that fails to answer: no warning, and no error."""
+    from attention_dynamics.book.scheduling import malloc_trim_warning
+
+    class Client:
+        def __init__(self, answer):
+            self.answer = answer
+
+        def run(self, fn, on_error="raise"):
+            if isinstance(self.answer, Exception):
+                raise self.answer
+            return self.answer
+
+    assert malloc_trim_warning(Client({})).startswith("note: no Dask worker had connected yet")
+    assert malloc_trim_warning(Client(OSError("closed"))) is None
+    assert malloc_trim_warning(Client({"tcp://a": RuntimeError("closing"), "tcp://b": None})) is None
+    many = malloc_trim_warning(Client({f"tcp://w{i}": "65536" for i in range(6)}))
+    assert "6 of 6 Dask worker(s) started with MALLOC_TRIM_THRESHOLD_=65536 (tcp://w0, tcp://w1, tcp://w2, " \
+           "tcp://w3 and 2 more)" in many
 
 
 @pytest.mark.parametrize("threads", [1, 2])

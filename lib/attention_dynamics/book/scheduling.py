@@ -165,30 +165,46 @@ SCHEDULER_TIMEOUT_S = 10
 # A Dask nanny starts its worker with MALLOC_TRIM_THRESHOLD_=65536
 # (distributed.nanny.pre-spawn-environ), and the chapters' kernels inherit it. Setting it at
 # all fixes glibc's mmap threshold at 128 KiB, so each larger tensor is mapped, faulted in and
-# unmapped again on every step: benchmarks/dask_workers.py measured a wind-tunnel step at
-# 1.89x a plain process's with it and 1.04x without (12,100 minor page faults per step against
-# ~250; AMD EPYC Zen 4, 2026-12-04), and the quick book on two workers took 246 s with it,
-# 162-171 s without in five runs of six (one took 203 s), as on the local pool (161, 167 s).
-# Dask's profiler, the other suspect, made no difference there (on: 171, 162 s; off: 166, 170 s).
+# unmapped again on every step. benchmarks/dask_workers.py (AMD EPYC Zen 4, 2026-12-04, medians
+# of 3) measured a wind-tunnel step on a worker at 53.5 ms with it and 29.6 ms without (1.81x;
+# 12,100 minor page faults per step against 33-257). The quick book on two workers took 246 s
+# with it (one run) and 162-171 s without in five runs of six (one took 203 s), against 161 and
+# 167 s on the local pool. Dask's profiler made no difference (on: 171, 162 s; off: 166, 170 s).
 MALLOC_TRIM = "MALLOC_TRIM_THRESHOLD_"
 KEEP_GLIBC_DEFAULT = ("DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON", "{'MALLOC_TRIM_THRESHOLD_': None}")
 
 
 def _malloc_trim() -> str | None:
-    return os.environ.get(MALLOC_TRIM)
+    """The variable as the worker process started with it (glibc reads it then; a later
+    change to os.environ does not reach the allocator), else as os.environ has it."""
+    try:
+        start = Path("/proc/self/environ").read_bytes().split(b"\0")
+    except OSError:
+        return os.environ.get(MALLOC_TRIM)
+    prefix = MALLOC_TRIM.encode() + b"="
+    return next((e[len(prefix):].decode(errors="replace") for e in start if e.startswith(prefix)), None)
 
 
 def malloc_trim_warning(client) -> str | None:
-    """A warning naming how many workers of ``client``'s cluster have MALLOC_TRIM_THRESHOLD_
-    set, and the environment to start them with instead; None when none has."""
-    got = client.run(_malloc_trim)
-    set_ = [v for v in got.values() if v is not None]
+    """A warning naming the workers of ``client``'s cluster that started with
+    MALLOC_TRIM_THRESHOLD_ set, and how to start them without it; a note when no worker has
+    connected yet (a batch queue's workers join later: they are not checked); None when
+    none has it, or when the workers cannot be asked (a check must not stop the book)."""
+    try:
+        got = client.run(_malloc_trim, on_error="return")
+    except Exception:
+        return None
+    if not got:
+        return f"note: no Dask worker had connected yet; whether they start with {MALLOC_TRIM} set is not checked"
+    set_ = {w: v for w, v in got.items() if isinstance(v, str)}
     if not set_:
         return None
     name, value = KEEP_GLIBC_DEFAULT
-    return (f"warning: {len(set_)} of {len(got)} Dask worker(s) run with {MALLOC_TRIM}="
-            f"{', '.join(sorted(set(set_)))} (a Dask nanny sets it), which fixes glibc's mmap threshold and slows "
-            f"training; start the workers with {name}=\"{value}\" in their environment (book/cluster.md)")
+    shown = ", ".join(sorted(set_)[:4]) + (f" and {len(set_) - 4} more" if len(set_) > 4 else "")
+    return (f"warning: {len(set_)} of {len(got)} Dask worker(s) started with {MALLOC_TRIM}="
+            f"{', '.join(sorted(set(set_.values())))} ({shown}), which fixes glibc's mmap threshold and slows "
+            f"training; a Dask nanny sets it unless the workers start with {name}=\"{value}\" in their "
+            f"environment, and it must not be set there itself (book/cluster.md)")
 
 
 @contextmanager
