@@ -15,6 +15,7 @@ from attention_dynamics.book.profiles import find_root
 from attention_dynamics.book.profiles import load_profiles
 from attention_dynamics.book.jobs import make_jobs
 from attention_dynamics.book.scheduling import run_chapters
+from support import environ_restored
 
 ROOT = Path(__file__).resolve().parents[1]
 # Figures of the library's own tests (not the notebooks') need no screen.
@@ -46,15 +47,9 @@ def artifact_store(tmp_path_factory) -> Path:
 
 @pytest.fixture(autouse=True)
 def _environment_restored():
-    """Each test leaves the process environment as it found it: a LocalCluster's nanny
-    writes its pre-spawn environment (MALLOC_TRIM_THRESHOLD_, OMP_NUM_THREADS=1) into the
-    process that starts it and leaves it there, and every later test's kernels would
-    inherit it."""
-    before = dict(os.environ)
-    yield
-    if os.environ != before:
-        os.environ.clear()
-        os.environ.update(before)
+    """Each test leaves the process environment as it found it (support.environ_restored)."""
+    with environ_restored():
+        yield
 
 
 @pytest.fixture(scope="session")

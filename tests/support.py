@@ -2,7 +2,9 @@
 commands of an executed chapter's provenance footer."""
 from __future__ import annotations
 
+import os
 import shlex
+from contextlib import contextmanager
 from pathlib import Path
 
 import nbformat
@@ -141,3 +143,20 @@ def follow_probe(x: int) -> list:
 FOLLOW_CELLS = [MODEL_CELLS[0], ("code", MODEL_CELLS[1][1].replace(
     "rec.save()", "rec['y'] = load_or_make('probe', {'x': 10 * x}, lambda: {'x': 10 * x},\n"
                   "                        modules=['attention_dynamics.stats'])[0]['x']\nrec.save()"), [])]
+
+
+@contextmanager
+def environ_restored():
+    """The process environment as it was on entry, on exit: a LocalCluster's nanny writes its
+    pre-spawn variables (MALLOC_TRIM_THRESHOLD_, OMP_NUM_THREADS=1) into the process that
+    starts it and leaves them there, for every later kernel to inherit. Only what changed is
+    put back, so the rest (PATH, HOME) is never missing meanwhile."""
+    before = dict(os.environ)
+    try:
+        yield
+    finally:
+        for k in set(os.environ) - set(before):
+            del os.environ[k]
+        for k, v in before.items():
+            if os.environ.get(k) != v:
+                os.environ[k] = v

@@ -14,7 +14,7 @@ from attention_dynamics.book.profiles import load_profiles
 from attention_dynamics.book.execution import execute
 from attention_dynamics.book.jobs import NotebookFailed, make_jobs
 from attention_dynamics.book.scheduling import run_jobs
-from support import make_root
+from support import environ_restored, make_root
 
 def test_profiles_select_parameters_and_record_provenance(tmp_path):
     root = make_root(tmp_path)
@@ -520,14 +520,10 @@ def test_workers_started_with_the_nannys_malloc_trim_are_named_and_the_advice_re
     from attention_dynamics.book.scheduling import KEEP_GLIBC_DEFAULT, malloc_trim_warning
 
     def warning():
-        before = dict(os.environ)  # the nanny writes its environment into this process's
-        try:
-            with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
-                    Client(cluster) as client:
-                return malloc_trim_warning(client)
-        finally:
-            os.environ.clear()
-            os.environ.update(before)
+        with environ_restored(), \
+                LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
+                Client(cluster) as client:
+            return malloc_trim_warning(client)
 
     with pytest.MonkeyPatch.context() as mp:
         # Dask as it comes, whatever the shell running the tests has set
