@@ -13,6 +13,7 @@ from pathlib import Path
 
 from .cache import cache_key, cached_result, file_digest, library_digest
 from .jobs import Job, JobResult, NotebookFailed
+from .kernel import ChapterKernelManager
 from .provenance import append_provenance, provenance, repository
 from ..files import write_json_atomic
 
@@ -68,7 +69,7 @@ def execute(job: Job, progress_bar: bool = False) -> JobResult:
                 pm.execute_notebook(job.notebook, str(tmp_nb), parameters=params, kernel_name="python3",
                                     cwd=str(Path(job.notebook).parent), progress_bar=bar,
                                     request_save_on_cell_execute=False, extra_arguments=KERNEL_ARGUMENTS,
-                                    start_timeout=KERNEL_START_TIMEOUT_S)
+                                    start_timeout=KERNEL_START_TIMEOUT_S, kernel_manager_class=ChapterKernelManager)
                 break
             except pm.PapermillExecutionError as e:
                 frames = [_strip_ansi(t) for t in (e.traceback or []) if "Cell In[" in _strip_ansi(t)]
