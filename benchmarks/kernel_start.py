@@ -1,8 +1,8 @@
 """What a chapter's kernel costs before and after the chapter's own work: jupyter_client's
 plain kernel (``python -m ipykernel_launcher``) against the runner's
-(:mod:`attention_dynamics.book.kernel`: the libraries every chapter imports loaded first with
-the collector off, then frozen out of its passes), side by side, the order of the two
-alternating from one repeat to the next so that a drift of the machine falls on both.
+(:mod:`attention_dynamics.book.kernel`: the libraries every chapter imports loaded before the
+first cell with the collector off, then frozen out of its passes), side by side, in the
+order ABBA BAAB ... so that a drift of the machine falls on both alike.
 
 For each kernel: seconds to start (until it answers), to run the imports a chapter's first
 cell makes, to shut down; the full collections (``gc.collect()``) a chapter's run makes
@@ -10,8 +10,8 @@ several of; and one whole chapter at the quick profile through the runner (``exe
 fresh output folder). A benchmark, not a test: timings depend on the machine; the ratios are
 what count.
 
-    .venv/bin/python benchmarks/kernel_start.py                       # 5 repeats, routing_law
-    .venv/bin/python benchmarks/kernel_start.py --repeats 9 --chapter value_law
+    .venv/bin/python benchmarks/kernel_start.py                       # 6 repeats, routing_law
+    .venv/bin/python benchmarks/kernel_start.py --repeats 10 --chapter value_law
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from jupyter_client import AsyncKernelManager
 
 from attention_dynamics.book import execution
 from attention_dynamics.book.jobs import make_jobs
-from attention_dynamics.book.kernel import ChapterKernelManager
+from attention_dynamics.book.execution import ChapterKernelManager
 from attention_dynamics.book.profiles import find_root
 from attention_dynamics.machine import cpu_model
 
@@ -73,27 +73,31 @@ def _chapter(manager: type, name: str, root: Path) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=6, help="an even number: each kernel goes first as often")
     ap.add_argument("--chapter", default="routing_law", help="a chapter that trains no stored model")
     args = ap.parse_args()
-    if args.repeats < 1:
-        ap.error(f"--repeats must be at least 1, got {args.repeats}")
+    if args.repeats < 2 or args.repeats % 2:
+        ap.error(f"--repeats must be an even number of at least 2, got {args.repeats}")
     root = find_root()
     samples = {k: [] for k in KERNELS}
     for i in range(args.repeats):
-        for label in (list(KERNELS) if i % 2 == 0 else list(KERNELS)[::-1]):
+        for label in (list(KERNELS) if i % 4 in (0, 3) else list(KERNELS)[::-1]):
             row = asyncio.run(_phases(KERNELS[label]))
             row["chapter"] = _chapter(KERNELS[label], args.chapter, root)
             samples[label].append(row)
             print(f"repeat {i + 1}, {label:8s} " + "  ".join(f"{k} {v:.2f} s" for k, v in row.items()), flush=True)
-    print(f"\nmedians of {args.repeats} on {cpu_model()}; chapter: {args.chapter} at the quick profile")
-    print(f"{'':18s}" + "".join(f"{k:>12s}" for k in KERNELS) + f"{'ratio':>10s}")
+    for row in samples.values():
+        for r in row:
+            r["start+imports+stop"] = r["start"] + r["imports"] + r["shutdown"]
+    print(f"\nmedians (min-max) of {args.repeats} on {cpu_model()}; chapter: {args.chapter} at the quick profile")
+    print(f"{'':20s}" + "".join(f"{k:>20s}" for k in KERNELS) + f"{'ratio of medians':>18s}")
     for phase in samples["plain"][0]:
-        med = {k: statistics.median(r[phase] for r in samples[k]) for k in KERNELS}
-        print(f"{phase:18s}" + "".join(f"{med[k]:11.2f}s" for k in KERNELS) + f"{med['plain'] / med[list(KERNELS)[1]]:9.2f}x")
-    total = {k: statistics.median(r["start"] + r["imports"] + r["shutdown"] for r in samples[k]) for k in KERNELS}
-    print(f"{'start+imports+stop':18s}" + "".join(f"{total[k]:11.2f}s" for k in KERNELS)
-          + f"{total['plain'] / total[list(KERNELS)[1]]:9.2f}x")
+        cells, med = "", {}
+        for k in KERNELS:
+            xs = [r[phase] for r in samples[k]]
+            med[k] = statistics.median(xs)
+            cells += f"{med[k]:9.2f} ({min(xs):.2f}-{max(xs):.2f})".rjust(20)
+        print(f"{phase:20s}{cells}{med['plain'] / med[list(KERNELS)[1]]:17.2f}x")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """The runner's kernel (attention_dynamics.book.kernel): a chapter sees what it sees in
-jupyter_client's plain kernel (its paths, its environment, its matplotlib backend, its
-threads), except that the libraries every chapter imports are loaded already and frozen out
-of the collector's passes."""
+jupyter_client's plain kernel (its paths and arguments, its environment, its warnings
+filters, matplotlib's backend and settings, its threads, its signal handler) and computes the
+same numbers and the same figure, except that the libraries every chapter imports are loaded
+already and frozen out of the collector's passes."""
 from __future__ import annotations
 
 import sys
@@ -10,8 +11,9 @@ from jupyter_client import AsyncKernelManager
 from jupyter_client.kernelspec import KernelSpec
 
 from attention_dynamics.book import execution
+from attention_dynamics.book.execution import ChapterKernelManager
 from attention_dynamics.book.jobs import make_jobs
-from attention_dynamics.book.kernel import PRELOADED, ChapterKernelManager
+from attention_dynamics.book.kernel import PRELOADED
 from support import TINY_CELLS, make_root
 
 PROBE_CELLS = [
@@ -19,13 +21,26 @@ PROBE_CELLS = [
     # before the chapter imports anything: what the kernel had loaded and frozen
     ("code", "import gc, sys\nfrozen = gc.get_freeze_count()\n"
              f"loaded = sorted(m for m in {PRELOADED!r} if m in sys.modules)", []),
-    ("code", "import os\nimport matplotlib\nimport matplotlib.pyplot as plt\nimport torch\n"
-             "from attention_dynamics.book.records import Record\nrec = Record(record_path)\n"
-             "rec['frozen'], rec['loaded'] = frozen, loaded\n"
-             "rec['backend'], rec['threads'] = matplotlib.get_backend(), torch.get_num_threads()\n"
+    # a chapter's imports, in a chapter's order
+    ("code", "import hashlib, io, os, signal, warnings\nimport numpy as np\nimport pandas as pd\nimport torch\n"
+             "import matplotlib\nimport matplotlib.pyplot as plt\nimport seaborn as sns\nimport scipy.stats\n"
+             "from attention_dynamics.book.records import Record\nrec = Record(record_path)", []),
+    ("code", "rec['frozen'], rec['loaded'] = frozen, loaded\n"
+             # each kernel its own: the connection file, the parent's pid and session name
+             "rec['argv'] = [a if a != sys.argv[sys.argv.index('-f') + 1] else 'CONNECTION' for a in sys.argv]\n"
              "rec['path'], rec['cwd'] = sys.path, os.getcwd()\n"
-             # each kernel its own: the parent's pid and session name jupyter_client passes
              "rec['environ'] = {k: v for k, v in os.environ.items() if not k.startswith('JPY_')}\n"
+             "rec['warnings'] = [repr(f) for f in warnings.filters]\n"
+             "rec['backend'], rec['rc'] = matplotlib.get_backend(), {k: repr(v) for k, v in matplotlib.rcParams.items()}\n"
+             "rec['threads'] = [torch.get_num_threads(), torch.get_num_interop_threads()]\n"
+             "rec['sigint'] = repr(signal.getsignal(signal.SIGINT))\n"
+             "torch.manual_seed(0)\na = torch.randn(256, 256)\n"
+             "rec['torch'] = (a @ a).sum().item()\n"
+             "x = np.random.default_rng(0).normal(size=(256, 256))\n"
+             "rec['numpy'] = float((x @ x).sum())\n"
+             "rec['scipy'] = float(scipy.stats.norm.ppf(np.linspace(0.01, 0.99, 99)).sum())\n"
+             "fig, ax = plt.subplots()\nax.plot(np.sin(np.linspace(0, 6, 50)))\nbuf = io.BytesIO()\n"
+             "fig.savefig(buf, format='png')\nrec['png'] = hashlib.sha256(buf.getvalue()).hexdigest()\n"
              "rec.save()", []),
 ]
 
@@ -39,17 +54,21 @@ def _probe(root, manager, monkeypatch) -> dict:
 def test_a_chapter_sees_the_plain_kernels_world_with_the_libraries_loaded_and_frozen(tmp_path, monkeypatch):
     """Positive control: the runner's kernel has the libraries loaded and frozen; negative: the
     plain kernel has neither, so the probe can tell the two apart. Everything else the chapter
-    can see is the same, the inline backend included where nothing set MPLBACKEND (ipykernel
-    sets it as the kernel starts; the runner's kernel must set it before loading matplotlib)."""
+    can see or compute is the same: the inline backend where nothing set MPLBACKEND (ipykernel
+    sets it as it starts, before the runner's kernel loads matplotlib), and one thread where
+    the runner's worker sets OMP_NUM_THREADS=1 (on two CPUs PyTorch would take two)."""
     monkeypatch.delenv("MPLBACKEND", raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     root = make_root(tmp_path, PROBE_CELLS, name="probe")
     plain = _probe(root, AsyncKernelManager, monkeypatch)
     runners = _probe(root, ChapterKernelManager, monkeypatch)
     assert runners["frozen"] > 100_000 and runners["loaded"] == sorted(PRELOADED)
     assert plain["frozen"] == 0 and len(plain["loaded"]) < len(PRELOADED), plain["loaded"]
     assert runners["backend"] == plain["backend"] == "module://matplotlib_inline.backend_inline"
-    for seen in ("threads", "path", "cwd", "environ"):
-        assert runners[seen] == plain[seen], seen
+    assert runners["threads"][0] == plain["threads"][0] == 1
+    seen = set(plain) - {"frozen", "loaded"}
+    assert {"argv", "environ", "warnings", "rc", "torch", "png"} <= seen
+    assert {k: runners[k] for k in seen if runners[k] != plain[k]} == {}
 
 
 def test_only_ipykernels_launcher_in_this_interpreter_is_replaced():

@@ -11,13 +11,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from jupyter_client import AsyncKernelManager
+
 from .cache import cache_key, cached_result, file_digest, library_digest
 from .jobs import Job, JobResult, NotebookFailed
-from .kernel import ChapterKernelManager
 from .provenance import append_provenance, provenance, repository
 from ..files import write_json_atomic
 
-__all__ = ["execute", "KERNEL_ARGUMENTS"]
+__all__ = ["execute", "KERNEL_ARGUMENTS", "ChapterKernelManager"]
 
 
 # The kernel warns on every start that it talks over local TCP (it is local), and logs an
@@ -39,6 +40,20 @@ KERNEL_START_TIMEOUT_S = 300
 # non-socket" as it shut down.
 DIED_AT_START = "Kernel died before replying to kernel_info"
 KERNEL_START_ATTEMPTS = 3
+IPYKERNEL_LAUNCHER = "ipykernel_launcher"
+
+
+class ChapterKernelManager(AsyncKernelManager):
+    """jupyter_client's kernel manager, starting the runner's kernel
+    (:mod:`attention_dynamics.book.kernel`: the chapters' libraries loaded before the first
+    cell) where the kernel's command is ipykernel's own launcher in this interpreter, the one
+    that has this library; any other kernel command is left as its kernel spec says."""
+
+    def format_kernel_cmd(self, extra_arguments=None):
+        cmd = super().format_kernel_cmd(extra_arguments)
+        if cmd[:3] == [sys.executable, "-m", IPYKERNEL_LAUNCHER]:
+            cmd[2] = "attention_dynamics.book.kernel"
+        return cmd
 
 
 def execute(job: Job, progress_bar: bool = False) -> JobResult:

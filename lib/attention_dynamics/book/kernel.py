@@ -1,69 +1,62 @@
-"""The kernel the runner executes chapters in: ipykernel as ``python -m ipykernel_launcher``
-starts it, with the libraries every chapter imports loaded first, the garbage collector off
-while they load, and their objects then frozen out of its passes (:func:`gc.freeze`).
+"""The kernel the runner executes chapters in: ipykernel, started as ``python -m
+ipykernel_launcher`` starts it, then, before it answers, the libraries every chapter imports
+loaded with the garbage collector off and their objects frozen out of its passes
+(:func:`gc.freeze`).
 
-Why: a chapter's kernel spent about 4.6 s before and after its own work at the quick profile,
-of which some 0.5 s were collections during the imports, 0.3-1.0 s full collections during the
-chapter that walked the imported libraries' 300,000 objects again, and 0.6 s the collections
-of the interpreter's exit (``benchmarks/kernel_start.py`` measures each). The libraries are
-the same ones the chapter imports itself, in the same environment, so a chapter computes
-exactly what it computes in a plain kernel; only modules that read nothing the kernel sets
-up later are loaded (not ``matplotlib.pyplot``, whose backend the kernel chooses).
+Why: a chapter's kernel spent about 4 s before and after its own work at the quick profile:
+2.3 s on the imports of its first cell, collections during the chapter that walked the
+imported libraries' 300,000 objects again (0.14 s each), and 1.1 s to shut down, most of it
+the collections of the interpreter's exit (``benchmarks/kernel_start.py`` measures each).
+The libraries are the ones the chapter imports itself, in the order it imports them, after
+the kernel has set itself up as usual (its ports, its output streams, the inline backend,
+the warnings filters, ``sys.path``), so a chapter sees what it sees in a plain kernel
+(``tests/test_kernel.py`` compares the two). Not loaded: ``matplotlib.pyplot`` and seaborn,
+which pick the backend the chapter selects.
+
+What differs: a library that fails to load here is left to the chapter, whose own import
+then fails in its cell as it would anyway; a warning a library prints as it loads goes to no
+cell; and the frozen objects are never collected, nor finalized at exit, and
+:func:`gc.get_objects` does not list them (the garbage among them is collected first).
 
 ``python -m attention_dynamics.book.kernel -f CONNECTION_FILE [ipykernel options]``; the
-runner starts it through :class:`ChapterKernelManager`.
+runner starts it through :class:`attention_dynamics.book.execution.ChapterKernelManager`.
+Only the standard library is imported before ipykernel's own start, as in its launcher.
 """
 from __future__ import annotations
 
 import gc
 import importlib
-import os
+import importlib.util
 import sys
 from pathlib import Path
 
-from jupyter_client import AsyncKernelManager
+__all__ = ["PRELOADED", "main"]
 
-__all__ = ["PRELOADED", "ChapterKernelManager", "main"]
-
-# In the order the chapters import them (numpy's libraries before torch's, as in every
-# chapter); a missing one is left to the chapter, which then fails as it would anyway.
-PRELOADED = ("numpy", "scipy.stats", "pandas", "torch", "matplotlib")
-LAUNCHER = "ipykernel_launcher"
-# What ipykernel itself sets before the chapter imports matplotlib (IPKernelApp.init_gui_pylab):
-# matplotlib reads it as it is imported, which here is before the kernel app runs.
-INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
+# In the order the chapters import them: numpy and pandas first, torch (directly or through
+# the library), matplotlib, and scipy.stats last, through seaborn.
+PRELOADED = ("numpy", "pandas", "torch", "matplotlib", "scipy.stats")
 
 
 def main(argv: list[str] | None = None) -> None:
-    # as ipykernel_launcher: the working folder leaves sys.path while the kernel loads and
-    # the shell puts it back (InteractiveShellApp.init_path)
+    # as ipykernel_launcher, whose path the kernel's sys.argv shows: the working folder leaves
+    # sys.path while the kernel loads and the shell puts it back (InteractiveShellApp.init_path)
+    sys.argv[0] = importlib.util.find_spec("ipykernel_launcher").origin
     if sys.path and (sys.path[0] == "" or Path(sys.path[0]) == Path.cwd()):
         del sys.path[0]
-    if not os.environ.get("MPLBACKEND"):
-        os.environ["MPLBACKEND"] = INLINE_BACKEND
+    from ipykernel.kernelapp import IPKernelApp
+
+    app = IPKernelApp.instance()
+    app.initialize(argv)  # binds the ports jupyter_client chose before the slow part below
     gc.disable()
     for name in PRELOADED:
         try:
             importlib.import_module(name)
-        except ImportError:
+        except Exception:  # left to the chapter's own import, which reports it in its cell
             pass
-    from ipykernel import kernelapp
-
     gc.enable()
+    gc.collect()
     gc.freeze()  # what is loaded now lives as long as the kernel: no collection need walk it again
-    kernelapp.launch_new_instance(argv)
-
-
-class ChapterKernelManager(AsyncKernelManager):
-    """jupyter_client's kernel manager, starting :func:`main` where the kernel's command is
-    ipykernel's own launcher in this interpreter (any other kernel command is left as it is)."""
-
-    def format_kernel_cmd(self, extra_arguments=None):
-        cmd = super().format_kernel_cmd(extra_arguments)
-        # only in the runner's own interpreter, the one that imports this library
-        if cmd[:3] == [sys.executable, "-m", LAUNCHER]:
-            cmd[cmd.index(LAUNCHER)] = __name__
-        return cmd
+    app.start()
 
 
 if __name__ == "__main__":
