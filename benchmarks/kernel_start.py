@@ -12,13 +12,23 @@ what count.
 
     .venv/bin/python benchmarks/kernel_start.py                       # 6 repeats, routing_law
     .venv/bin/python benchmarks/kernel_start.py --repeats 10 --chapter value_law
+    .venv/bin/python benchmarks/kernel_start.py --book --repeats 2    # the whole quick book, ABBA
+
+``--book`` builds the whole quick book instead (``python -m attention_dynamics.book --profile
+quick``, each build into a fresh folder with a fresh store of trained models, the local pool
+of one worker per CPU) with each kernel, and prints each build's wall clock, its chapters'
+seconds summed and its models' seconds summed, as the runner's time table says them.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import re
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -71,10 +81,37 @@ def _chapter(manager: type, name: str, root: Path) -> float:
         shutil.rmtree(out, ignore_errors=True)
 
 
+# the runner with jupyter_client's plain kernel in place of its own (the pool's workers fork
+# from this process and keep the replacement)
+PLAIN_RUNNER = ("import sys\nfrom jupyter_client import AsyncKernelManager\nfrom attention_dynamics.book import execution\n"
+                "execution.ChapterKernelManager = AsyncKernelManager\nfrom attention_dynamics.book.cli import main\n"
+                "sys.exit(main(sys.argv[1:]))")
+TIMETABLE = {"wall clock": r"^wall clock\s+([\d.]+)", "chapters summed": r"^sum of chapters\s+([\d.]+)",
+             "models summed": r"^\d+ models first\s+([\d.]+)"}
+
+
+def _book(label: str, root: Path) -> dict:
+    scratch = Path(tempfile.mkdtemp(prefix="kernel-start-book-"))
+    try:
+        env = dict(os.environ, ATTENTION_DYNAMICS_ARTIFACTS=str(scratch / "store"))
+        runner = ["-c", PLAIN_RUNNER] if label == "plain" else ["-m", "attention_dynamics.book"]
+        done = subprocess.run([sys.executable, *runner, "--profile", "quick", "--out", str(scratch / "out")],
+                              cwd=root, env=env, capture_output=True, text=True)
+        if done.returncode:
+            raise SystemExit(f"the quick book with the {label} kernel failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
+        found = {k: re.search(pattern, done.stdout, re.M) for k, pattern in TIMETABLE.items()}
+        if not all(found.values()):
+            raise SystemExit(f"no time table in the output of the {label} kernel's build:\n{done.stdout[-2000:]}")
+        return {k: float(m.group(1)) for k, m in found.items()}
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=6, help="an even number: each kernel goes first as often")
     ap.add_argument("--chapter", default="routing_law", help="a chapter that trains no stored model")
+    ap.add_argument("--book", action="store_true", help="time whole quick books instead of one kernel and chapter")
     args = ap.parse_args()
     if args.repeats < 2 or args.repeats % 2:
         ap.error(f"--repeats must be an even number of at least 2, got {args.repeats}")
@@ -82,14 +119,19 @@ def main() -> None:
     samples = {k: [] for k in KERNELS}
     for i in range(args.repeats):
         for label in (list(KERNELS) if i % 4 in (0, 3) else list(KERNELS)[::-1]):
-            row = asyncio.run(_phases(KERNELS[label]))
-            row["chapter"] = _chapter(KERNELS[label], args.chapter, root)
+            if args.book:
+                row = _book(label, root)
+            else:
+                row = asyncio.run(_phases(KERNELS[label]))
+                row["chapter"] = _chapter(KERNELS[label], args.chapter, root)
             samples[label].append(row)
             print(f"repeat {i + 1}, {label:8s} " + "  ".join(f"{k} {v:.2f} s" for k, v in row.items()), flush=True)
     for row in samples.values():
         for r in row:
-            r["start+imports+stop"] = r["start"] + r["imports"] + r["shutdown"]
-    print(f"\nmedians (min-max) of {args.repeats} on {cpu_model()}; chapter: {args.chapter} at the quick profile")
+            if not args.book:
+                r["start+imports+stop"] = r["start"] + r["imports"] + r["shutdown"]
+    what = "the quick book" if args.book else f"chapter: {args.chapter} at the quick profile"
+    print(f"\nmedians (min-max) of {args.repeats} on {cpu_model()}; {what}")
     print(f"{'':20s}" + "".join(f"{k:>20s}" for k in KERNELS) + f"{'ratio of medians':>18s}")
     for phase in samples["plain"][0]:
         cells, med = "", {}

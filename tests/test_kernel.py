@@ -11,7 +11,7 @@ from jupyter_client import AsyncKernelManager
 from jupyter_client.kernelspec import KernelSpec
 
 from attention_dynamics.book import execution
-from attention_dynamics.book.execution import ChapterKernelManager
+from attention_dynamics.book.execution import ChapterKernelManager, preloaded_for
 from attention_dynamics.book.jobs import make_jobs
 from attention_dynamics.book.kernel import PRELOADED
 from support import TINY_CELLS, make_root
@@ -73,15 +73,39 @@ def test_a_chapter_sees_the_plain_kernels_world_with_the_libraries_loaded_and_fr
 
 def test_only_ipykernels_launcher_in_this_interpreter_is_replaced():
     """A kernel command of another interpreter (which may not have this library) or another
-    kernel is started as its kernel spec says."""
-    def command(argv):
-        km = ChapterKernelManager(kernel_name="python3")
+    kernel, or a notebook with nothing to preload, starts as its kernel spec says."""
+    def command(argv, preload=PRELOADED):
+        km = type("M", (ChapterKernelManager,), {"preload": preload})(kernel_name="python3")
         km._kernel_spec = KernelSpec(argv=argv, display_name="x", language="python")
         return km.format_kernel_cmd()
 
     tail = ["-f", "{connection_file}"]
-    assert command([sys.executable, "-m", "ipykernel_launcher", *tail])[:3] == [
-        sys.executable, "-m", "attention_dynamics.book.kernel"]
+    ours = [sys.executable, "-m", "ipykernel_launcher", *tail]
+    assert command(ours, ("numpy", "torch"))[:5] == [
+        sys.executable, "-m", "attention_dynamics.book.kernel", "--preload", "numpy,torch"]
+    assert command(ours, ())[:3] == ours[:3]
     other = ["/opt/other/bin/python3", "-m", "ipykernel_launcher", *tail]
     assert command(other)[:3] == other[:3]
     assert command([sys.executable, "-m", "some_other_kernel", *tail])[:3] == [sys.executable, "-m", "some_other_kernel"]
+
+
+def test_every_chapter_preloads_what_it_imports_and_a_notebook_without_them_nothing(root, tmp_path):
+    """Every chapter imports all the preloaded libraries (through the library's plotting,
+    seaborn and torch), so each starts with them loaded; the runner's tests' tiny notebooks
+    import none and start in a plain kernel, which starts faster."""
+    chapters = sorted((root / "notebooks").glob("*.ipynb"))
+    assert chapters and {nb.stem: preloaded_for(nb) for nb in chapters} == {nb.stem: PRELOADED for nb in chapters}
+    tiny = make_root(tmp_path, TINY_CELLS) / "notebooks" / "tiny.ipynb"
+    assert preloaded_for(tiny) == ()
+    (tmp_path / "probe").mkdir()
+    probe = make_root(tmp_path / "probe", PROBE_CELLS, name="probe")
+    assert preloaded_for(probe / "notebooks" / "probe.ipynb") == PRELOADED
+
+
+def test_a_library_it_does_not_load_is_named_before_the_kernel_starts():
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-m", "attention_dynamics.book.kernel", "--preload", "numpy,sklearn",
+                           "-f", "unused.json"], capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert "--preload: sklearn not among the libraries it loads (numpy, pandas, torch" in done.stderr

@@ -15,6 +15,7 @@ from jupyter_client import AsyncKernelManager
 
 from .cache import cache_key, cached_result, file_digest, library_digest
 from .jobs import Job, JobResult, NotebookFailed
+from .kernel import KERNEL_MODULE, PRELOAD_FLAG, PRELOADED
 from .provenance import append_provenance, provenance, repository
 from ..files import write_json_atomic
 
@@ -43,17 +44,54 @@ KERNEL_START_ATTEMPTS = 3
 IPYKERNEL_LAUNCHER = "ipykernel_launcher"
 
 
+# What seaborn loads as it is imported (a chapter's plots import it through the library)
+SEABORN_LOADS = frozenset({"numpy", "pandas", "matplotlib", "scipy.stats"})
+
+
 class ChapterKernelManager(AsyncKernelManager):
     """jupyter_client's kernel manager, starting the runner's kernel
-    (:mod:`attention_dynamics.book.kernel`: the chapters' libraries loaded before the first
-    cell) where the kernel's command is ipykernel's own launcher in this interpreter, the one
-    that has this library; any other kernel command is left as its kernel spec says."""
+    (:mod:`attention_dynamics.book.kernel`) with the libraries of :attr:`preload` loaded
+    before the first cell, where the kernel's command is ipykernel's own launcher in this
+    interpreter, the one that has this library. With nothing to preload, or any other kernel
+    command, the kernel starts as its kernel spec says."""
+
+    preload: tuple[str, ...] = PRELOADED
 
     def format_kernel_cmd(self, extra_arguments=None):
         cmd = super().format_kernel_cmd(extra_arguments)
-        if cmd[:3] == [sys.executable, "-m", IPYKERNEL_LAUNCHER]:
-            cmd[2] = "attention_dynamics.book.kernel"
+        if self.preload and cmd[:3] == [sys.executable, "-m", IPYKERNEL_LAUNCHER]:
+            cmd[2:3] = [KERNEL_MODULE, PRELOAD_FLAG, ",".join(self.preload)]
         return cmd
+
+
+def preloaded_for(notebook: Path) -> tuple[str, ...]:
+    """The libraries of :data:`PRELOADED` that the notebook imports, in its code or in the
+    library modules it imports (transitively), directly or through seaborn; a notebook that
+    imports none of them starts in a plain kernel, whose start the preloading would slow."""
+    import ast
+
+    import nbformat
+
+    from ..sources import chapter_modules
+
+    nb = nbformat.read(notebook, as_version=4)
+    texts = ["\n".join(l for l in c.source.splitlines() if not l.lstrip().startswith(("%", "!")))
+             for c in nb.cells if c.cell_type == "code"]
+    texts += [f.read_text(encoding="utf-8") for f in chapter_modules(Path(notebook)) if f.suffix == ".py"]
+    names = set()
+    for text in texts:
+        try:
+            tree = ast.parse(text)
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names.update([node.module] + [f"{node.module}.{a.name}" for a in node.names])
+    tops = {n.split(".")[0] for n in names}
+    return tuple(m for m in PRELOADED if m in names or (m.split(".")[0] in tops and "." not in m)
+                 or ("seaborn" in tops and m in SEABORN_LOADS))
 
 
 def execute(job: Job, progress_bar: bool = False) -> JobResult:
@@ -77,6 +115,7 @@ def execute(job: Job, progress_bar: bool = False) -> JobResult:
         tmp_nb = tmp / f"{job.stem}.ipynb"
         tmp_rec = tmp / f"{job.stem}.json"
         params = dict(job.parameters, record_path=str(tmp_rec), profile=job.profile)
+        manager = type("ChapterKernelManager", (ChapterKernelManager,), {"preload": preloaded_for(Path(job.notebook))})
         bar = {"desc": job.stem, "leave": False, "ncols": shutil.get_terminal_size((80, 24)).columns} if progress_bar else False
         for attempt in range(1, KERNEL_START_ATTEMPTS + 1):
             start = time.perf_counter()  # the chapter's seconds are its last start's
@@ -84,7 +123,7 @@ def execute(job: Job, progress_bar: bool = False) -> JobResult:
                 pm.execute_notebook(job.notebook, str(tmp_nb), parameters=params, kernel_name="python3",
                                     cwd=str(Path(job.notebook).parent), progress_bar=bar,
                                     request_save_on_cell_execute=False, extra_arguments=KERNEL_ARGUMENTS,
-                                    start_timeout=KERNEL_START_TIMEOUT_S, kernel_manager_class=ChapterKernelManager)
+                                    start_timeout=KERNEL_START_TIMEOUT_S, kernel_manager_class=manager)
                 break
             except pm.PapermillExecutionError as e:
                 frames = [_strip_ansi(t) for t in (e.traceback or []) if "Cell In[" in _strip_ansi(t)]

@@ -18,8 +18,10 @@ then fails in its cell as it would anyway; a warning a library prints as it load
 cell; and the frozen objects are never collected, nor finalized at exit, and
 :func:`gc.get_objects` does not list them (the garbage among them is collected first).
 
-``python -m attention_dynamics.book.kernel -f CONNECTION_FILE [ipykernel options]``; the
-runner starts it through :class:`attention_dynamics.book.execution.ChapterKernelManager`.
+``python -m attention_dynamics.book.kernel --preload numpy,pandas,... -f CONNECTION_FILE
+[ipykernel options]``, the libraries a subset of :data:`PRELOADED` (those the chapter
+imports: :func:`attention_dynamics.book.execution.preloaded_for`); the runner starts it
+through :class:`attention_dynamics.book.execution.ChapterKernelManager`.
 Only the standard library is imported before ipykernel's own start, as in its launcher.
 """
 from __future__ import annotations
@@ -30,14 +32,25 @@ import importlib.util
 import sys
 from pathlib import Path
 
-__all__ = ["PRELOADED", "main"]
+__all__ = ["PRELOADED", "KERNEL_MODULE", "PRELOAD_FLAG", "main"]
+
+KERNEL_MODULE = "attention_dynamics.book.kernel"
+PRELOAD_FLAG = "--preload"
 
 # In the order the chapters import them: numpy and pandas first, torch (directly or through
 # the library), matplotlib, and scipy.stats last, through seaborn.
 PRELOADED = ("numpy", "pandas", "torch", "matplotlib", "scipy.stats")
 
 
-def main(argv: list[str] | None = None) -> None:
+def main() -> None:
+    # the libraries to load, taken out of the arguments ipykernel reads and the kernel shows
+    i = sys.argv.index(PRELOAD_FLAG) if PRELOAD_FLAG in sys.argv else None
+    names = sys.argv[i + 1].split(",") if i is not None else []
+    if i is not None:
+        del sys.argv[i:i + 2]
+    unknown = sorted(set(names) - set(PRELOADED))
+    if unknown:
+        raise SystemExit(f"{PRELOAD_FLAG}: {', '.join(unknown)} not among the libraries it loads ({', '.join(PRELOADED)})")
     # as ipykernel_launcher, whose path the kernel's sys.argv shows: the working folder leaves
     # sys.path while the kernel loads and the shell puts it back (InteractiveShellApp.init_path)
     sys.argv[0] = importlib.util.find_spec("ipykernel_launcher").origin
@@ -46,9 +59,9 @@ def main(argv: list[str] | None = None) -> None:
     from ipykernel.kernelapp import IPKernelApp
 
     app = IPKernelApp.instance()
-    app.initialize(argv)  # binds the ports jupyter_client chose before the slow part below
+    app.initialize()  # binds the ports jupyter_client chose before the slow part below
     gc.disable()
-    for name in PRELOADED:
+    for name in names:
         try:
             importlib.import_module(name)
         except Exception:  # left to the chapter's own import, which reports it in its cell
