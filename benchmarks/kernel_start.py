@@ -16,8 +16,10 @@ what count.
 
 ``--book`` builds the whole quick book instead (``python -m attention_dynamics.book --profile
 quick``, each build into a fresh folder with a fresh store of trained models, the local pool
-of one worker per CPU) with each kernel, and prints each build's wall clock, its chapters'
-seconds summed and its models' seconds summed, as the runner's time table says them.
+of one worker per CPU) with each kernel, after one build that is not counted (the first build
+of a session pays for what later ones find ready: compiled kernels, the page cache), and
+prints each build's wall clock, its chapters' seconds summed and its models' seconds summed,
+as the runner's time table says them.
 """
 from __future__ import annotations
 
@@ -81,9 +83,13 @@ def _chapter(manager: type, name: str, root: Path) -> float:
         shutil.rmtree(out, ignore_errors=True)
 
 
-# the runner with jupyter_client's plain kernel in place of its own (the pool's workers fork
-# from this process and keep the replacement)
-PLAIN_RUNNER = ("import sys\nfrom jupyter_client import AsyncKernelManager\nfrom attention_dynamics.book import execution\n"
+# the runner with jupyter_client's plain kernel in place of its own: the pool's workers fork
+# from this process and keep the replacement, which a start method that does not fork (Python
+# 3.14's default) would lose, so the build refuses to run under one
+PLAIN_RUNNER = ("import multiprocessing, sys\n"
+                "if multiprocessing.get_start_method() != 'fork':\n"
+                "    sys.exit('the plain build needs workers that fork, to keep the plain kernel')\n"
+                "from jupyter_client import AsyncKernelManager\nfrom attention_dynamics.book import execution\n"
                 "execution.ChapterKernelManager = AsyncKernelManager\nfrom attention_dynamics.book.cli import main\n"
                 "sys.exit(main(sys.argv[1:]))")
 TIMETABLE = {"wall clock": r"^wall clock\s+([\d.]+)", "chapters summed": r"^sum of chapters\s+([\d.]+)",
@@ -117,6 +123,8 @@ def main() -> None:
         ap.error(f"--repeats must be an even number of at least 2, got {args.repeats}")
     root = find_root()
     samples = {k: [] for k in KERNELS}
+    if args.book:
+        print(f"warm-up build, not counted: wall clock {_book(list(KERNELS)[1], root)['wall clock']:.1f} s", flush=True)
     for i in range(args.repeats):
         for label in (list(KERNELS) if i % 4 in (0, 3) else list(KERNELS)[::-1]):
             if args.book:

@@ -41,6 +41,7 @@ PROBE_CELLS = [
              "rec['scipy'] = float(scipy.stats.norm.ppf(np.linspace(0.01, 0.99, 99)).sum())\n"
              "fig, ax = plt.subplots()\nax.plot(np.sin(np.linspace(0, 6, 50)))\nbuf = io.BytesIO()\n"
              "fig.savefig(buf, format='png')\nrec['png'] = hashlib.sha256(buf.getvalue()).hexdigest()\n"
+             "rec['modules'] = sorted(sys.modules)\n"  # nothing loaded that the plain kernel does not load
              "rec.save()", []),
 ]
 
@@ -67,7 +68,7 @@ def test_a_chapter_sees_the_plain_kernels_world_with_the_libraries_loaded_and_fr
     assert runners["backend"] == plain["backend"] == "module://matplotlib_inline.backend_inline"
     assert runners["threads"][0] == plain["threads"][0] == 1
     seen = set(plain) - {"frozen", "loaded"}
-    assert {"argv", "environ", "warnings", "rc", "torch", "png"} <= seen
+    assert {"argv", "environ", "warnings", "rc", "torch", "png", "modules"} <= seen
     assert {k: runners[k] for k in seen if runners[k] != plain[k]} == {}
 
 
@@ -102,10 +103,28 @@ def test_every_chapter_preloads_what_it_imports_and_a_notebook_without_them_noth
     assert preloaded_for(probe / "notebooks" / "probe.ipynb") == PRELOADED
 
 
-def test_a_library_it_does_not_load_is_named_before_the_kernel_starts():
+def test_a_library_it_does_not_load_or_a_missing_list_is_named_before_the_kernel_starts():
     import subprocess
 
-    done = subprocess.run([sys.executable, "-m", "attention_dynamics.book.kernel", "--preload", "numpy,sklearn",
-                           "-f", "unused.json"], capture_output=True, text=True, timeout=60)
-    assert done.returncode != 0
-    assert "--preload: sklearn not among the libraries it loads (numpy, pandas, torch" in done.stderr
+    def start(*args):
+        done = subprocess.run([sys.executable, "-m", "attention_dynamics.book.kernel", *args],
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode != 0
+        return done.stderr
+
+    assert "--preload: 'sklearn' not among the libraries it loads (numpy, pandas, torch" in start(
+        "--preload", "numpy,sklearn", "-f", "unused.json")
+    assert "--preload takes the libraries as the next argument" in start("-f", "unused.json", "--preload")
+    assert "--preload takes the libraries as the next argument" in start("--preload=numpy", "-f", "unused.json")
+
+
+def test_only_imports_that_run_count(tmp_path):
+    """An import inside a function, which may never be called, loads nothing in a plain kernel
+    and so none here: its notebook starts in the plain kernel."""
+    cells = [TINY_CELLS[0], ("code", "def later():\n    import torch\n    import seaborn\nx = 1", [])]
+    notebook = make_root(tmp_path, cells, name="later") / "notebooks" / "later.ipynb"
+    assert preloaded_for(notebook) == ()
+    cells[1] = ("code", "if True:\n    import torch\nfrom scipy import stats", [])
+    (tmp_path / "b").mkdir()
+    notebook = make_root(tmp_path / "b", cells, name="now")
+    assert preloaded_for(notebook / "notebooks" / "now.ipynb") == ("torch", "scipy.stats")
