@@ -35,11 +35,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from jupyter_client import AsyncKernelManager
-
 from attention_dynamics.book import execution
+from attention_dynamics.book.execution import kernel_manager
 from attention_dynamics.book.jobs import make_jobs
-from attention_dynamics.book.execution import ChapterKernelManager
+from attention_dynamics.book.kernel import PRELOADED
 from attention_dynamics.book.profiles import find_root
 from attention_dynamics.machine import cpu_model
 
@@ -49,7 +48,8 @@ CHAPTER_IMPORTS = ("import math, time\nimport numpy as np\nimport pandas as pd\n
                    "from attention_dynamics.book.chapter import start_chapter\n"
                    "from attention_dynamics.plotting import band")
 FULL_COLLECTION = "import gc, time as _t\n_s = _t.perf_counter(); gc.collect(); print(_t.perf_counter() - _s)"
-KERNELS = {"plain": AsyncKernelManager, "runner's": ChapterKernelManager}
+# nothing to preload starts jupyter_client's plain kernel
+KERNELS = {"plain": kernel_manager(()), "runner's": kernel_manager(PRELOADED)}
 
 
 async def _phases(manager: type) -> dict:
@@ -72,25 +72,27 @@ async def _phases(manager: type) -> dict:
             "shutdown": time.perf_counter() - before}
 
 
-def _chapter(manager: type, name: str, root: Path) -> float:
+def _chapter(label: str, name: str, root: Path) -> float:
     out = Path(tempfile.mkdtemp(prefix="kernel-start-"))
+    choose = execution.preloaded_for
     try:
-        execution.ChapterKernelManager = manager  # the runner's kernel, or jupyter_client's own
+        if label == "plain":
+            execution.preloaded_for = lambda notebook: ()
         (job,) = make_jobs(root, "quick", only=[name], out_dir=out)
         return execution.execute(job).seconds
     finally:
-        execution.ChapterKernelManager = ChapterKernelManager
+        execution.preloaded_for = choose
         shutil.rmtree(out, ignore_errors=True)
 
 
-# the runner with jupyter_client's plain kernel in place of its own: the pool's workers fork
+# the runner with nothing to preload, so jupyter_client's plain kernel: the pool's workers fork
 # from this process and keep the replacement, which a start method that does not fork (Python
 # 3.14's default) would lose, so the build refuses to run under one
 PLAIN_RUNNER = ("import multiprocessing, sys\n"
                 "if multiprocessing.get_start_method() != 'fork':\n"
                 "    sys.exit('the plain build needs workers that fork, to keep the plain kernel')\n"
-                "from jupyter_client import AsyncKernelManager\nfrom attention_dynamics.book import execution\n"
-                "execution.ChapterKernelManager = AsyncKernelManager\nfrom attention_dynamics.book.cli import main\n"
+                "from attention_dynamics.book import execution\n"
+                "execution.preloaded_for = lambda notebook: ()\nfrom attention_dynamics.book.cli import main\n"
                 "sys.exit(main(sys.argv[1:]))")
 TIMETABLE = {"wall clock": r"^wall clock\s+([\d.]+)", "chapters summed": r"^sum of chapters\s+([\d.]+)",
              "models summed": r"^\d+ models first\s+([\d.]+)"}
@@ -131,7 +133,7 @@ def main() -> None:
                 row = _book(label, root)
             else:
                 row = asyncio.run(_phases(KERNELS[label]))
-                row["chapter"] = _chapter(KERNELS[label], args.chapter, root)
+                row["chapter"] = _chapter(label, args.chapter, root)
             samples[label].append(row)
             print(f"repeat {i + 1}, {label:8s} " + "  ".join(f"{k} {v:.2f} s" for k, v in row.items()), flush=True)
     for row in samples.values():

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import sys
 
-from jupyter_client import AsyncKernelManager
 from jupyter_client.kernelspec import KernelSpec
 
 from attention_dynamics.book import execution
-from attention_dynamics.book.execution import ChapterKernelManager, preloaded_for
+from attention_dynamics.book.execution import kernel_manager, preloaded_for
 from attention_dynamics.book.jobs import make_jobs
 from attention_dynamics.book.kernel import PRELOADED
 from support import TINY_CELLS, make_root
@@ -46,10 +45,14 @@ PROBE_CELLS = [
 ]
 
 
-def _probe(root, manager, monkeypatch) -> dict:
-    monkeypatch.setattr(execution, "ChapterKernelManager", manager)
-    (job,) = make_jobs(root, "quick", out_dir=root / manager.__name__)
-    return execution.execute(job).record["values"]
+def _probe(root, monkeypatch, *, plain: bool) -> dict:
+    """The probe's record, run through the runner: in the kernel it chooses, or, ``plain``,
+    with nothing to preload, which starts jupyter_client's plain kernel."""
+    with monkeypatch.context() as m:
+        if plain:
+            m.setattr(execution, "preloaded_for", lambda notebook: ())
+        (job,) = make_jobs(root, "quick", out_dir=root / ("plain" if plain else "runners"))
+        return execution.execute(job).record["values"]
 
 
 def test_a_chapter_sees_the_plain_kernels_world_with_the_libraries_loaded_and_frozen(tmp_path, monkeypatch):
@@ -61,8 +64,8 @@ def test_a_chapter_sees_the_plain_kernels_world_with_the_libraries_loaded_and_fr
     monkeypatch.delenv("MPLBACKEND", raising=False)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     root = make_root(tmp_path, PROBE_CELLS, name="probe")
-    plain = _probe(root, AsyncKernelManager, monkeypatch)
-    runners = _probe(root, ChapterKernelManager, monkeypatch)
+    plain = _probe(root, monkeypatch, plain=True)
+    runners = _probe(root, monkeypatch, plain=False)
     assert runners["frozen"] > 100_000 and runners["loaded"] == sorted(PRELOADED)
     assert plain["frozen"] == 0 and len(plain["loaded"]) < len(PRELOADED), plain["loaded"]
     assert runners["backend"] == plain["backend"] == "module://matplotlib_inline.backend_inline"
@@ -76,7 +79,7 @@ def test_only_ipykernels_launcher_in_this_interpreter_is_replaced():
     """A kernel command of another interpreter (which may not have this library) or another
     kernel, or a notebook with nothing to preload, starts as its kernel spec says."""
     def command(argv, preload=PRELOADED):
-        km = type("M", (ChapterKernelManager,), {"preload": preload})(kernel_name="python3")
+        km = kernel_manager(preload)(kernel_name="python3")
         km._kernel_spec = KernelSpec(argv=argv, display_name="x", language="python")
         return km.format_kernel_cmd()
 
@@ -124,6 +127,11 @@ def test_only_imports_that_run_count(tmp_path):
     cells = [TINY_CELLS[0], ("code", "def later():\n    import torch\n    import seaborn\nx = 1", [])]
     notebook = make_root(tmp_path, cells, name="later") / "notebooks" / "later.ipynb"
     assert preloaded_for(notebook) == ()
+    # the library's own modules likewise: geometry imports scipy.stats only inside a function
+    cells[1] = ("code", "import attention_dynamics.geometry", [])
+    (tmp_path / "a").mkdir()
+    notebook = make_root(tmp_path / "a", cells, name="geometry") / "notebooks" / "geometry.ipynb"
+    assert preloaded_for(notebook) == ("numpy", "torch")
     cells[1] = ("code", "if True:\n    import torch\nfrom scipy import stats", [])
     (tmp_path / "b").mkdir()
     notebook = make_root(tmp_path / "b", cells, name="now")

@@ -13,7 +13,8 @@ import hashlib
 import re
 from pathlib import Path
 
-__all__ = ["PACKAGE", "PACKAGE_DIR", "PLUMBING", "chapter_modules", "module_closure", "module_digest"]
+__all__ = ["PACKAGE", "PACKAGE_DIR", "PLUMBING", "chapter_modules", "module_closure", "module_digest",
+           "imported_modules", "imports_at_run", "notebook_code"]
 
 PACKAGE = "attention_dynamics"
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -39,10 +40,22 @@ def _module_file(dotted: str) -> Path | None:
 
 
 def _imported_names(tree: ast.AST, current: str | None) -> set[str]:
-    """Dotted names of every module an AST imports; ``current``: the importing module's own
-    dotted name, to resolve relative imports."""
-    names = set()
-    for node in ast.walk(tree):
+    """Dotted names of every module of the package an AST imports; ``current``: the importing
+    module's own dotted name, to resolve relative imports."""
+    return {n for n in imported_modules(tree, current) if n == PACKAGE or n.startswith(PACKAGE + ".")}
+
+
+def imported_modules(tree: ast.AST, current: str | None, *, in_functions: bool = True) -> set[str]:
+    """Dotted names of every module an AST imports, of any package (``from pkg import name``
+    gives ``pkg`` and ``pkg.name``, which may be a module); ``current``: the importing
+    module's own dotted name, to resolve relative imports (left out without it).
+    ``in_functions=False``: only the imports that run when the code runs, not those inside a
+    function body, which may never be called."""
+    names, todo = set(), [tree]
+    while todo:
+        node = todo.pop()
+        if not in_functions and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            continue
         if isinstance(node, ast.Import):
             names.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -58,7 +71,8 @@ def _imported_names(tree: ast.AST, current: str | None) -> set[str]:
                 base = node.module or ""
             names.add(base)
             names.update(f"{base}.{a.name}" for a in node.names)  # `from pkg import module`
-    return {n for n in names if n == PACKAGE or n.startswith(PACKAGE + ".")}
+        todo.extend(ast.iter_child_nodes(node))
+    return names
 
 
 def _is_package(dotted: str) -> bool:
@@ -74,11 +88,7 @@ def _parents(dotted: str) -> list[str]:
 
 def chapter_modules(notebook: Path) -> list[Path]:
     """The library files a chapter's notebook imports, transitively, sorted."""
-    import nbformat
-
-    nb = nbformat.read(notebook, as_version=4)
-    source = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
-    source = "\n".join(l for l in source.splitlines() if not l.lstrip().startswith(("%", "!")))
+    source = notebook_code(notebook)
     try:
         names = _imported_names(ast.parse(source), None)
     except SyntaxError:  # a cell that does not parse: fall back to the import lines
@@ -86,24 +96,57 @@ def chapter_modules(notebook: Path) -> list[Path]:
     return module_closure(names)
 
 
+def notebook_code(notebook: Path) -> str:
+    """A notebook's code cells as one Python text, without the IPython magics and shell lines
+    (``%``, ``!``), which do not parse."""
+    import nbformat
+
+    nb = nbformat.read(notebook, as_version=4)
+    source = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    return "\n".join(l for l in source.splitlines() if not l.lstrip().startswith(("%", "!")))
+
+
 def module_closure(names) -> list[Path]:
     """The files of the package's modules ``names`` (dotted), of their enclosing packages
     and of everything they import, transitively, with the packages' non-Python sources;
     sorted. The store's plumbing (:data:`PLUMBING`) is neither included nor entered."""
-    todo, seen = set(names), {}
-    while todo:
-        name = todo.pop()
-        for dotted in [*_parents(name), name]:
-            f = _module_file(dotted)
-            if f is None or dotted in seen or dotted in PLUMBING:
-                continue
-            seen[dotted] = f
-            todo |= _imported_names(_tree(f.read_text(encoding="utf-8")), dotted) - set(seen)
-    files = set(seen.values())
+    files = set(_reached(names, in_functions=True, plumbing=False)[0].values())
     for f in list(files):
         if f.name == "__init__.py":
             files.update(p for p in f.parent.iterdir() if p.suffix in SOURCE_SUFFIXES)
     return sorted(files)
+
+
+def imports_at_run(notebook: Path) -> set[str]:
+    """Every module (dotted, of any package) that running the notebook imports: its code's
+    imports and those of the package's modules they reach, transitively, the plumbing's too,
+    outside function bodies, which may never be called (empty where a cell does not parse).
+    What the package's modules import through other packages (seaborn's own imports) is not
+    followed."""
+    try:
+        names = imported_modules(ast.parse(notebook_code(notebook)), None, in_functions=False)
+    except SyntaxError:
+        return set()
+    return _reached(names, in_functions=False, plumbing=True)[1]
+
+
+def _reached(names, *, in_functions: bool, plumbing: bool) -> tuple[dict[str, Path], set[str]]:
+    """From the modules ``names``: the package's modules reached (dotted name -> file), with
+    their enclosing packages, through the imports of each (``in_functions``: those inside
+    function bodies too; ``plumbing``: the plumbing's entered too), and every name imported
+    on the way, ``names`` among them."""
+    todo, seen, imported = set(names), {}, set(names)
+    while todo:
+        name = todo.pop()
+        for dotted in [*_parents(name), name]:
+            f = _module_file(dotted)
+            if f is None or dotted in seen or (dotted in PLUMBING and not plumbing):
+                continue
+            seen[dotted] = f
+            found = imported_modules(_tree(f.read_text(encoding="utf-8")), dotted, in_functions=in_functions)
+            imported |= found
+            todo |= {n for n in found if n == PACKAGE or n.startswith(PACKAGE + ".")} - set(seen)
+    return seen, imported
 
 
 # Parsing is most of a key's cost (a stored model's key parses some 20 files): each text is

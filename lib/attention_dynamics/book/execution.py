@@ -18,10 +18,10 @@ from .cache import cache_key, cached_result, file_digest, library_digest
 from .jobs import Job, JobResult, NotebookFailed
 from .kernel import KERNEL_MODULE, PRELOAD_FLAG, PRELOADED
 from .provenance import append_provenance, provenance, repository
-from ..sources import _module_file, _parents
+from ..sources import imports_at_run
 from ..files import write_json_atomic
 
-__all__ = ["execute", "KERNEL_ARGUMENTS", "ChapterKernelManager"]
+__all__ = ["execute", "KERNEL_ARGUMENTS", "ChapterKernelManager", "kernel_manager", "preloaded_for"]
 
 
 # The kernel warns on every start that it talks over local TCP (it is local), and logs an
@@ -66,70 +66,22 @@ class ChapterKernelManager(AsyncKernelManager):
         return cmd
 
 
-# the runner's own, where a benchmark or a test puts jupyter_client's plain manager in its place
-_RUNNERS = ChapterKernelManager
-
-
 def preloaded_for(notebook: Path) -> tuple[str, ...]:
-    """The libraries of :data:`PRELOADED` that the notebook loads as its cells run: those its
-    code imports, or the library modules it imports import, transitively, directly or through
-    seaborn. Only imports that run when a cell or a module runs count (not those inside a
-    function, which may never be called), so that nothing is loaded that a plain kernel would
-    not load. A notebook that loads none of them starts in a plain kernel, whose start the
-    preloading would slow."""
-    import nbformat
-
-    nb = nbformat.read(notebook, as_version=4)
-    code = "\n".join("\n".join(l for l in c.source.splitlines() if not l.lstrip().startswith(("%", "!")))
-                     for c in nb.cells if c.cell_type == "code")
-    names, todo, seen = set(), _imports_run(code, None), set()
-    while todo:  # the library's modules, followed through the imports their loading runs
-        name = todo.pop()
-        names.add(name)
-        for dotted in [*_parents(name), name]:
-            f = _module_file(dotted)
-            if f is not None and dotted not in seen:
-                seen.add(dotted)
-                todo |= _imports_run(f.read_text(encoding="utf-8"), dotted) - names
+    """The libraries of :data:`PRELOADED` that the notebook loads as its cells run
+    (:func:`attention_dynamics.sources.imports_at_run`), directly or through seaborn, so that
+    nothing is loaded that a plain kernel would not load. A notebook that loads none of them
+    starts in a plain kernel, whose start the preloading would slow."""
+    names = imports_at_run(notebook)
     tops = {n.split(".")[0] for n in names}
     return tuple(m for m in PRELOADED if m in names or ("." not in m and m in tops)
                  or ("seaborn" in tops and m in SEABORN_LOADS))
 
 
-def _imports_run(text: str, current: str | None) -> set[str]:
-    """The dotted names a module's (or a notebook's) code imports as it runs: every import
-    statement outside function bodies, relative ones resolved against ``current``."""
-    import ast
-
-    try:
-        tree = ast.parse(text)
-    except SyntaxError:
-        return set()
-    found, todo = set(), [tree]
-    while todo:
-        node = todo.pop()
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-            continue
-        if isinstance(node, ast.Import):
-            found.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                if current is None:
-                    continue
-                package = current.split(".") if _module_file(current).name == "__init__.py" else current.split(".")[:-1]
-                base = ".".join(package[: len(package) - (node.level - 1)] + ([node.module] if node.module else []))
-            found.add(base)
-            found.update(f"{base}.{a.name}" for a in node.names)
-        todo.extend(ast.iter_child_nodes(node))
-    return found
-
-
 @functools.lru_cache(maxsize=None)
-def _manager(preload: tuple[str, ...]) -> type:
+def kernel_manager(preload: tuple[str, ...]) -> type:
     """:class:`ChapterKernelManager` loading ``preload`` (one class per set, for papermill,
-    which takes a class)."""
-    return type("ChapterKernelManager", (_RUNNERS,), {"preload": preload})
+    which takes a class); ``()`` starts the plain kernel."""
+    return type("ChapterKernelManager", (ChapterKernelManager,), {"preload": preload})
 
 
 def execute(job: Job, progress_bar: bool = False) -> JobResult:
@@ -153,7 +105,7 @@ def execute(job: Job, progress_bar: bool = False) -> JobResult:
         tmp_nb = tmp / f"{job.stem}.ipynb"
         tmp_rec = tmp / f"{job.stem}.json"
         params = dict(job.parameters, record_path=str(tmp_rec), profile=job.profile)
-        manager = _manager(preloaded_for(Path(job.notebook))) if ChapterKernelManager is _RUNNERS else ChapterKernelManager
+        manager = kernel_manager(preloaded_for(Path(job.notebook)))
         bar = {"desc": job.stem, "leave": False, "ncols": shutil.get_terminal_size((80, 24)).columns} if progress_bar else False
         for attempt in range(1, KERNEL_START_ATTEMPTS + 1):
             start = time.perf_counter()  # the chapter's seconds are its last start's
