@@ -1,18 +1,21 @@
 """What a chapter's kernel costs before and after the chapter's own work: jupyter_client's
-plain kernel (``python -m ipykernel_launcher``) against the runner's
-(:mod:`attention_dynamics.book.kernel`: the libraries every chapter imports loaded before the
-first cell with the collector off, then frozen out of its passes), side by side, in the
-order ABBA BAAB ... so that a drift of the machine falls on both alike.
+plain kernel (``python -m ipykernel_launcher``), the runner's kernel started as a process of
+its own (:mod:`attention_dynamics.book.kernel`: the libraries every chapter imports loaded
+before the first cell with the collector off, then frozen out of its passes; templates off),
+and the runner's kernel forked from a template that has loaded them once
+(:mod:`attention_dynamics.book.templates`), side by side, in the order ABC CBA ABC ... so that
+a drift of the machine falls on all alike.
 
 For each kernel: seconds to start (until it answers), to run the imports a chapter's first
 cell makes, to shut down; the full collections (``gc.collect()``) a chapter's run makes
 several of; and one whole chapter at the quick profile through the runner (``execute``, in a
-fresh output folder). A benchmark, not a test: timings depend on the machine; the ratios are
-what count.
+fresh output folder). The template is started before the first timed start (a worker's first
+chapter pays for it: about the runner's own start). A benchmark, not a test: timings depend
+on the machine; the ratios are what count.
 
     .venv/bin/python benchmarks/kernel_start.py                       # 6 repeats, routing_law
     .venv/bin/python benchmarks/kernel_start.py --repeats 10 --chapter value_law
-    .venv/bin/python benchmarks/kernel_start.py --book --repeats 2    # the whole quick book, ABBA
+    .venv/bin/python benchmarks/kernel_start.py --book --repeats 2    # the whole quick book
 
 ``--book`` builds the whole quick book instead (``python -m attention_dynamics.book --profile
 quick``, each build into a fresh folder with a fresh store of trained models, the local pool
@@ -39,6 +42,7 @@ from attention_dynamics.book import execution
 from attention_dynamics.book.execution import kernel_manager
 from attention_dynamics.book.jobs import make_jobs
 from attention_dynamics.book.kernel import PRELOADED
+from attention_dynamics.book.templates import SWITCH
 from attention_dynamics.book.profiles import find_root
 from attention_dynamics.machine import cpu_model
 
@@ -48,8 +52,9 @@ CHAPTER_IMPORTS = ("import math, time\nimport numpy as np\nimport pandas as pd\n
                    "from attention_dynamics.book.chapter import start_chapter\n"
                    "from attention_dynamics.plotting import band")
 FULL_COLLECTION = "import gc, time as _t\n_s = _t.perf_counter(); gc.collect(); print(_t.perf_counter() - _s)"
-# nothing to preload starts jupyter_client's plain kernel
-KERNELS = {"plain": kernel_manager(()), "runner's": kernel_manager(PRELOADED)}
+# nothing to preload starts jupyter_client's plain kernel; the runner's with templates off or on
+KERNELS = {"plain": kernel_manager(()), "runner's": kernel_manager(PRELOADED), "forked": kernel_manager(PRELOADED)}
+TEMPLATES = {"plain": "1", "runner's": "0", "forked": "1"}
 
 
 async def _phases(manager: type) -> dict:
@@ -70,6 +75,10 @@ async def _phases(manager: type) -> dict:
     await km.shutdown_kernel()
     return {"start": started - start, "imports": imported - started, "full collection": float("".join(printed)),
             "shutdown": time.perf_counter() - before}
+
+
+def _with_templates(label: str) -> None:
+    os.environ[SWITCH] = TEMPLATES[label]
 
 
 def _chapter(label: str, name: str, root: Path) -> float:
@@ -101,7 +110,7 @@ TIMETABLE = {"wall clock": r"^wall clock\s+([\d.]+)", "chapters summed": r"^sum 
 def _book(label: str, root: Path) -> dict:
     scratch = Path(tempfile.mkdtemp(prefix="kernel-start-book-"))
     try:
-        env = dict(os.environ, ATTENTION_DYNAMICS_ARTIFACTS=str(scratch / "store"))
+        env = dict(os.environ, ATTENTION_DYNAMICS_ARTIFACTS=str(scratch / "store"), **{SWITCH: TEMPLATES[label]})
         runner = ["-c", PLAIN_RUNNER] if label == "plain" else ["-m", "attention_dynamics.book"]
         done = subprocess.run([sys.executable, *runner, "--profile", "quick", "--out", str(scratch / "out")],
                               cwd=root, env=env, capture_output=True, text=True)
@@ -126,12 +135,16 @@ def main() -> None:
     root = find_root()
     samples = {k: [] for k in KERNELS}
     if args.book:
-        print(f"warm-up build, not counted: wall clock {_book(list(KERNELS)[1], root)['wall clock']:.1f} s", flush=True)
+        print(f"warm-up build, not counted: wall clock {_book('forked', root)['wall clock']:.1f} s", flush=True)
+    else:  # the template's own start, as a worker's first chapter pays it
+        _with_templates("forked")
+        asyncio.run(_phases(KERNELS["forked"]))
     for i in range(args.repeats):
-        for label in (list(KERNELS) if i % 4 in (0, 3) else list(KERNELS)[::-1]):
+        for label in (list(KERNELS) if i % 2 == 0 else list(KERNELS)[::-1]):
             if args.book:
                 row = _book(label, root)
             else:
+                _with_templates(label)
                 row = asyncio.run(_phases(KERNELS[label]))
                 row["chapter"] = _chapter(label, args.chapter, root)
             samples[label].append(row)
@@ -142,14 +155,15 @@ def main() -> None:
                 r["start+imports+stop"] = r["start"] + r["imports"] + r["shutdown"]
     what = "the quick book" if args.book else f"chapter: {args.chapter} at the quick profile"
     print(f"\nmedians (min-max) of {args.repeats} on {cpu_model()}; {what}")
-    print(f"{'':20s}" + "".join(f"{k:>20s}" for k in KERNELS) + f"{'ratio of medians':>18s}")
+    print(f"{'':20s}" + "".join(f"{k:>20s}" for k in KERNELS) + f"{'plain / forked':>16s}{'runner / forked':>17s}")
     for phase in samples["plain"][0]:
         cells, med = "", {}
         for k in KERNELS:
             xs = [r[phase] for r in samples[k]]
             med[k] = statistics.median(xs)
             cells += f"{med[k]:9.2f} ({min(xs):.2f}-{max(xs):.2f})".rjust(20)
-        print(f"{phase:20s}{cells}{med['plain'] / med[list(KERNELS)[1]]:17.2f}x")
+        plain, runners, forked = (med[k] for k in KERNELS)
+        print(f"{phase:20s}{cells}{plain / forked:15.2f}x{runners / forked:16.2f}x")
 
 
 if __name__ == "__main__":

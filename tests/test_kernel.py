@@ -13,10 +13,12 @@ from attention_dynamics.book import execution
 from attention_dynamics.book.execution import kernel_manager, preloaded_for
 from attention_dynamics.book.jobs import make_jobs
 from attention_dynamics.book.kernel import PRELOADED
+from attention_dynamics.book.templates import SWITCH
 from support import TINY_CELLS, make_root
 
 PROBE_CELLS = [
     TINY_CELLS[0],
+    ("code", f"SWITCH = {SWITCH!r}  # which kernel ran: set by the test", []),
     # before the chapter imports anything: what the kernel had loaded and frozen
     ("code", "import gc, sys\nfrozen = gc.get_freeze_count()\n"
              f"loaded = sorted(m for m in {PRELOADED!r} if m in sys.modules)", []),
@@ -25,10 +27,30 @@ PROBE_CELLS = [
              "import matplotlib\nimport matplotlib.pyplot as plt\nimport seaborn as sns\nimport scipy.stats\n"
              "from attention_dynamics.book.records import Record\nrec = Record(record_path)", []),
     ("code", "rec['frozen'], rec['loaded'] = frozen, loaded\n"
+             # forked from a template (book.templates), and adopted: the runner's process its parent
+             "rec['forked'] = '--template' in sys.orig_argv\n"
+             "rec['parent'] = os.getppid() == int(os.environ['JPY_PARENT_PID'])\n"
+             "rec['stdin'] = __import__('stat').S_ISFIFO(os.fstat(0).st_mode) and os.read(0, 1) == b''\n"
+             # ipykernel's settings, some read from the environment as it loads (its parent's pid,
+             # by which it ends with its parent), each kernel's ports and connection file apart
+             "from ipykernel.kernelapp import IPKernelApp\napp = IPKernelApp.instance()\n"
+             "rec['poller'] = type(app.poller).__name__\n"
+             "shown = {k: repr(v).replace(app.connection_file, 'CONNECTION') for k, v in app.trait_values().items()}\n"
+             "rec['app'] = {k: v for k, v in shown.items() if not k.endswith(('port', 'ports'))\n"
+             # (flags: the --secure flag's key, drawn as jupyter_client loads, in every kernel its own)
+             "              and k not in ('parent_handle', 'flags') and not v.startswith('<') and ' at 0x' not in v}\n"
+             "rec['app']['parent_handle'] = app.parent_handle == int(os.environ['JPY_PARENT_PID'])\n"
+             # the streams what loaded before the first cell writes to: a library's logging
+             # handlers, the hooks, each as its type
+             "import logging\nloggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]\n"
+             "rec['handlers'] = sorted(f'{lg.name}:{type(h).__name__}:{type(getattr(h, \"stream\", None)).__name__}'\n"
+             "                         for lg in loggers if isinstance(lg, logging.Logger) for h in lg.handlers)\n"
+             "rec['hooks'] = [type(h).__name__ for h in (sys.stdout, sys.stderr, sys.displayhook, sys.excepthook,\n"
+             "                                           warnings.showwarning)]\n"
              # each kernel its own: the connection file, the parent's pid and session name
              "rec['argv'] = [a if a != sys.argv[sys.argv.index('-f') + 1] else 'CONNECTION' for a in sys.argv]\n"
              "rec['path'], rec['cwd'] = sys.path, os.getcwd()\n"
-             "rec['environ'] = {k: v for k, v in os.environ.items() if not k.startswith('JPY_')}\n"
+             "rec['environ'] = {k: v for k, v in os.environ.items() if not k.startswith('JPY_') and k != SWITCH}\n"
              "rec['warnings'] = [repr(f) for f in warnings.filters]\n"
              "rec['backend'], rec['rc'] = matplotlib.get_backend(), {k: repr(v) for k, v in matplotlib.rcParams.items()}\n"
              "rec['threads'] = [torch.get_num_threads(), torch.get_num_interop_threads()]\n"
@@ -45,13 +67,16 @@ PROBE_CELLS = [
 ]
 
 
-def _probe(root, monkeypatch, *, plain: bool) -> dict:
-    """The probe's record, run through the runner: in the kernel it chooses, or, ``plain``,
-    with nothing to preload, which starts jupyter_client's plain kernel."""
+def _probe(root, monkeypatch, kernel: str) -> dict:
+    """The probe's record, run through the runner: ``plain``, with nothing to preload, which
+    starts jupyter_client's plain kernel; ``runner's``, the runner's kernel started as a
+    process of its own (templates off); ``forked``, forked from a template."""
     with monkeypatch.context() as m:
-        if plain:
+        if kernel == "plain":
             m.setattr(execution, "preloaded_for", lambda notebook: ())
-        (job,) = make_jobs(root, "quick", out_dir=root / ("plain" if plain else "runners"))
+        m.setenv(SWITCH, "0" if kernel == "runner's" else "1")
+        out = root / f"{kernel.strip(chr(39) + 's')}-{len(list(root.glob('*-*')))}"
+        (job,) = make_jobs(root, "quick", out_dir=out)
         return execution.execute(job).record["values"]
 
 
@@ -64,15 +89,23 @@ def test_a_chapter_sees_the_plain_kernels_world_with_the_libraries_loaded_and_fr
     monkeypatch.delenv("MPLBACKEND", raising=False)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     root = make_root(tmp_path, PROBE_CELLS, name="probe")
-    plain = _probe(root, monkeypatch, plain=True)
-    runners = _probe(root, monkeypatch, plain=False)
-    assert runners["frozen"] > 100_000 and runners["loaded"] == sorted(PRELOADED)
+    plain = _probe(root, monkeypatch, "plain")
+    runners = _probe(root, monkeypatch, "runner's")
+    # the first kernel of a template, and one from a template that has served before
+    forked = [_probe(root, monkeypatch, "forked") for _ in range(2)]
+    for r in [runners, *forked]:
+        assert r["frozen"] > 100_000 and r["loaded"] == sorted(PRELOADED)
     assert plain["frozen"] == 0 and len(plain["loaded"]) < len(PRELOADED), plain["loaded"]
-    assert runners["backend"] == plain["backend"] == "module://matplotlib_inline.backend_inline"
-    assert runners["threads"][0] == plain["threads"][0] == 1
-    seen = set(plain) - {"frozen", "loaded"}
-    assert {"argv", "environ", "warnings", "rc", "torch", "png", "modules"} <= seen
-    assert {k: runners[k] for k in seen if runners[k] != plain[k]} == {}
+    assert [r["forked"] for r in (plain, runners, *forked)] == [False, False, True, True]
+    for r in [runners, *forked]:
+        assert r["backend"] == plain["backend"] == "module://matplotlib_inline.backend_inline"
+        assert r["threads"][0] == plain["threads"][0] == 1
+    seen = set(plain) - {"frozen", "loaded", "forked"}
+    assert {"argv", "environ", "warnings", "rc", "torch", "png", "modules", "parent", "stdin", "app", "handlers",
+            "hooks"} <= seen
+    assert plain["parent"] and plain["stdin"] and plain["poller"] == "ParentPollerUnix" and plain["app"]["parent_handle"]
+    for r in [runners, *forked]:
+        assert {k: r[k] for k in seen if r[k] != plain[k]} == {}
 
 
 def test_only_ipykernels_launcher_in_this_interpreter_is_replaced():

@@ -127,29 +127,59 @@ def _kernels_that_die_at_start(monkeypatch, port: int, deaths: int) -> list:
     return calls
 
 
-def test_a_kernel_that_dies_as_it_starts_is_started_again(tmp_path, monkeypatch, capfd, held_port):
-    root = make_root(tmp_path)
+# The runner's kernel, forked from a template (book.templates), where a notebook imports a
+# library it loads first: the same faults read the same. The spy counts the forked kernels.
+KERNELS = ["plain", "forked"]
+
+
+def _cells(kernel: str, cells=TINY_CELLS) -> list:
+    return [cells[0], ("code", "import numpy", []), *cells[1:]] if kernel == "forked" else list(cells)
+
+
+def _forked(monkeypatch) -> list:
+    from attention_dynamics.book import templates
+
+    pids: list = []
+    real = templates.fork_kernel
+
+    def spy(*args, **kwargs):
+        pids.append(real(*args, **kwargs))
+        return pids[-1]
+
+    monkeypatch.setattr(templates, "fork_kernel", spy)
+    return pids
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_a_kernel_that_dies_as_it_starts_is_started_again(tmp_path, monkeypatch, capfd, held_port, kernel):
+    root = make_root(tmp_path, _cells(kernel))
     out = tmp_path / "out"
     calls = _kernels_that_die_at_start(monkeypatch, held_port, deaths=1)
+    forked = _forked(monkeypatch)
     (job,) = make_jobs(root, "quick", out_dir=out)
     r = execute(job)
     assert len(calls) == 2 and r.status == "ran" and r.record["values"] == {"double": 6}
+    assert len(forked) == (2 if kernel == "forked" else 0)
     err = capfd.readouterr().err
     assert "Address already in use" in err  # the first kernel's own words: it did die
     assert "note: tiny: the kernel died as it started (attempt 1 of 3; no cell had run); starting it again" in err
     assert sorted(p.name for p in out.iterdir()) == ["tiny.ipynb", "tiny.json"]
 
 
-def test_a_kernel_that_keeps_dying_and_a_failing_cell_are_not_started_again(tmp_path, monkeypatch, capfd, held_port):
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_a_kernel_that_keeps_dying_and_a_failing_cell_are_not_started_again(tmp_path, monkeypatch, capfd, held_port,
+                                                                           kernel):
     from attention_dynamics.book.execution import KERNEL_START_ATTEMPTS
 
-    root = make_root(tmp_path)
+    root = make_root(tmp_path, _cells(kernel))
     out = tmp_path / "out"
     calls = _kernels_that_die_at_start(monkeypatch, held_port, deaths=KERNEL_START_ATTEMPTS)
+    forked = _forked(monkeypatch)
     (job,) = make_jobs(root, "quick", out_dir=out)
     with pytest.raises(NotebookFailed, match="notebook 'tiny' failed.*Kernel died before replying to kernel_info"):
         execute(job)
     assert len(calls) == KERNEL_START_ATTEMPTS
+    assert len(forked) == (KERNEL_START_ATTEMPTS if kernel == "forked" else 0)
     assert not out.exists() or list(out.iterdir()) == []
     assert capfd.readouterr().err.count("starting it again") == KERNEL_START_ATTEMPTS - 1
 
@@ -161,15 +191,19 @@ def test_a_kernel_that_keeps_dying_and_a_failing_cell_are_not_started_again(tmp_
     assert len(calls) == 1 and "starting it again" not in capfd.readouterr().err
 
 
-def test_a_kernel_that_dies_in_a_cell_is_not_started_again(tmp_path, monkeypatch, capfd, held_port):
+@pytest.mark.parametrize("death", ["os._exit(1)", "os.kill(os.getpid(), signal.SIGKILL)"])
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_a_kernel_that_dies_in_a_cell_is_not_started_again(tmp_path, monkeypatch, capfd, held_port, kernel, death):
     """nbclient's DeadKernelError is a RuntimeError too, but a cell had run."""
-    cells = [TINY_CELLS[0], ("code", "import os\nos._exit(1)", [])]
+    cells = _cells(kernel, [TINY_CELLS[0], ("code", f"import os, signal\n{death}", [])])
     root = make_root(tmp_path, cells=cells)
     calls = _kernels_that_die_at_start(monkeypatch, held_port, deaths=0)
+    forked = _forked(monkeypatch)
     (job,) = make_jobs(root, "quick", out_dir=tmp_path / "out")
     with pytest.raises(NotebookFailed, match="notebook 'tiny' failed.*DeadKernelError"):
         execute(job)
     assert len(calls) == 1 and "starting it again" not in capfd.readouterr().err
+    assert len(forked) == (1 if kernel == "forked" else 0)
 
 
 def test_stale_work_folders_of_dead_runs_are_removed(tmp_path):

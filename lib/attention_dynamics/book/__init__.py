@@ -8,6 +8,9 @@ The runner, one job a module:
 - ``jobs``: what is run (a chapter at a profile, the points of a grid) and how a failure reads
 - ``cache``: the cache key of a chapter and whether its last outputs can be trusted
 - ``execution``: one chapter through papermill, its outputs moved into place only on success
+- ``kernel``: the kernel a chapter runs in, its libraries loaded first, and the template
+  that forks such kernels
+- ``templates``: the runner's side of the templates: kernels forked, adopted and managed
 - ``scheduling``: many chapters, one after another, side by side, or on a Dask cluster
 - ``timetable``: the time table a build prints
 - ``publishing``: a paper build's records into results/paper/, with the claims that moved

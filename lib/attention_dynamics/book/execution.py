@@ -10,6 +10,7 @@ import shutil
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 from jupyter_client import AsyncKernelManager
@@ -18,6 +19,7 @@ from .cache import cache_key, cached_result, file_digest, library_digest
 from .jobs import Job, JobResult, NotebookFailed
 from .kernel import KERNEL_MODULE, PRELOAD_FLAG, PRELOADED
 from .provenance import append_provenance, provenance, repository
+from .templates import ChapterProvisioner
 from ..sources import imports_at_run
 from ..files import write_json_atomic
 
@@ -55,7 +57,9 @@ class ChapterKernelManager(AsyncKernelManager):
     (:mod:`attention_dynamics.book.kernel`) with the libraries of :attr:`preload` loaded
     before the first cell, where the kernel's command is ipykernel's own launcher in this
     interpreter, the one that has this library. With nothing to preload, or any other kernel
-    command, the kernel starts as its kernel spec says."""
+    command, the kernel starts as its kernel spec says. The runner's kernel is forked from a
+    template that has loaded the libraries once (:mod:`attention_dynamics.book.templates`)
+    where one can serve."""
 
     preload: tuple[str, ...] = PRELOADED
 
@@ -64,6 +68,12 @@ class ChapterKernelManager(AsyncKernelManager):
         if self.preload and cmd[:3] == [sys.executable, "-m", IPYKERNEL_LAUNCHER]:
             cmd[2:3] = [KERNEL_MODULE, PRELOAD_FLAG, ",".join(self.preload)]
         return cmd
+
+    async def _async_pre_start_kernel(self, **kw):
+        self.kernel_id = self.kernel_id or kw.pop("kernel_id", str(uuid.uuid4()))
+        if self.provisioner is None:  # in place of the kernel spec's, jupyter_client's local one
+            self.provisioner = ChapterProvisioner(kernel_id=self.kernel_id, kernel_spec=self.kernel_spec, parent=self)
+        return await super()._async_pre_start_kernel(**kw)
 
 
 def preloaded_for(notebook: Path) -> tuple[str, ...]:

@@ -24,6 +24,19 @@ prints as it loads goes to no cell; and the frozen objects are never collected, 
 imports: :func:`attention_dynamics.book.execution.preloaded_for`); the runner starts it
 through :class:`attention_dynamics.book.execution.ChapterKernelManager`.
 Only the standard library is imported before ipykernel's own start, as in its launcher.
+
+**A template of kernels.** ``python -m attention_dynamics.book.kernel --template FD --preload
+...`` loads the same libraries once, without starting a kernel, and then forks one kernel per
+request that arrives on the Unix socket FD (:mod:`attention_dynamics.book.templates`, the
+runner's side, sends them), so that the chapters after a worker's first start in a fraction
+of a second instead of two. A forked kernel is what the kernel above would be: it takes the
+request's environment, working folder, arguments and standard streams, and the two things
+its libraries would have seen had they loaded after ipykernel set itself up are put as they
+would be (the inline backend where nothing set ``MPLBACKEND``, the warnings filters the
+libraries add, in front of ipykernel's, and the logging handlers they make writing to
+ipykernel's streams); numpy's global random state is drawn afresh, as a fresh import draws it. The template forks twice and the middle process exits, so that the
+kernel becomes a child of the runner's process (a Linux "child subreaper", set by the runner),
+which starts, signals, waits for and reads the exit status of it as of any kernel it starts.
 """
 from __future__ import annotations
 
@@ -33,10 +46,11 @@ import importlib.util
 import sys
 from pathlib import Path
 
-__all__ = ["PRELOADED", "KERNEL_MODULE", "PRELOAD_FLAG", "main"]
+__all__ = ["PRELOADED", "KERNEL_MODULE", "PRELOAD_FLAG", "TEMPLATE_FLAG", "main"]
 
 KERNEL_MODULE = "attention_dynamics.book.kernel"
 PRELOAD_FLAG = "--preload"
+TEMPLATE_FLAG = "--template"
 
 # numpy first, as in every chapter, and scipy.stats (through seaborn) after torch, as in every
 # chapter that imports torch itself; where a chapter imports matplotlib and seaborn before the
@@ -44,28 +58,48 @@ PRELOAD_FLAG = "--preload"
 # sees: the only lasting warnings filters any of them adds are numpy's and scipy's.
 PRELOADED = ("numpy", "pandas", "torch", "matplotlib", "scipy.stats")
 
+# ipykernel's own default backend (IPKernelApp.init_gui_pylab), which a library loaded after
+# its start reads from MPLBACKEND
+INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
+# how long a forked kernel waits to become the runner's child (its middle parent exits at once)
+ADOPTION_WAIT_S = 30.0
 
-def main() -> None:
-    # the libraries to load, taken out of the arguments ipykernel reads and the kernel shows
-    i = sys.argv.index(PRELOAD_FLAG) if PRELOAD_FLAG in sys.argv else None
-    if any(a.startswith(PRELOAD_FLAG + "=") for a in sys.argv) or (i is not None and i + 1 >= len(sys.argv)):
-        raise SystemExit(f"{PRELOAD_FLAG} takes the libraries as the next argument, comma-separated")
-    names = sys.argv[i + 1].split(",") if i is not None else []
-    if i is not None:
-        del sys.argv[i:i + 2]
+
+def _take_option(flag: str) -> str | None:
+    """The value after ``flag`` in sys.argv, both taken out; None where the flag is absent."""
+    i = sys.argv.index(flag) if flag in sys.argv else None
+    if any(a.startswith(flag + "=") for a in sys.argv) or (i is not None and i + 1 >= len(sys.argv)):
+        raise SystemExit(f"{flag} takes its value as the next argument")
+    if i is None:
+        return None
+    value = sys.argv[i + 1]
+    del sys.argv[i:i + 2]
+    return value
+
+
+def _preload_names() -> list[str]:
+    try:
+        value = _take_option(PRELOAD_FLAG)
+    except SystemExit:
+        raise SystemExit(f"{PRELOAD_FLAG} takes the libraries as the next argument, comma-separated") from None
+    names = value.split(",") if value is not None else []
     unknown = sorted(set(names) - set(PRELOADED))
     if unknown:
         raise SystemExit(f"{PRELOAD_FLAG}: {', '.join(map(repr, unknown))} not among the libraries it loads "
                          f"({', '.join(PRELOADED)})")
-    # as ipykernel_launcher, whose path the kernel's sys.argv shows: the working folder leaves
-    # sys.path while the kernel loads and the shell puts it back (InteractiveShellApp.init_path)
+    return names
+
+
+def _as_launcher() -> None:
+    """sys.argv[0] and sys.path as ipykernel_launcher has them, whose path the kernel's
+    sys.argv shows: the working folder leaves sys.path while the kernel loads and the shell
+    puts it back (InteractiveShellApp.init_path)."""
     sys.argv[0] = importlib.util.find_spec("ipykernel_launcher").origin
     if sys.path and (sys.path[0] == "" or Path(sys.path[0]) == Path.cwd()):
         del sys.path[0]
-    from ipykernel.kernelapp import IPKernelApp
 
-    app = IPKernelApp.instance()
-    app.initialize()  # binds the ports jupyter_client chose before the slow part below
+
+def _load(names: list[str]) -> None:
     gc.disable()
     for name in names:
         try:
@@ -75,7 +109,188 @@ def main() -> None:
     gc.enable()
     gc.collect()
     gc.freeze()  # what is loaded now lives as long as the kernel: no collection need walk it again
+
+
+def main() -> None:
+    names = _preload_names()
+    template = _take_option(TEMPLATE_FLAG)
+    _as_launcher()
+    if template is not None:
+        request = _serve(int(template), names)
+        if request is None:  # the runner's process closed the socket: no more kernels
+            return
+        _become_kernel(*request)
+        return
+    from ipykernel.kernelapp import IPKernelApp
+
+    app = IPKernelApp.instance()
+    app.initialize()  # binds the ports jupyter_client chose before the slow part below
+    _load(names)
     app.start()
+
+
+# --- the template -------------------------------------------------------------------------
+
+def _serve(fd: int, names: list[str]):
+    """Load the libraries as a kernel that had started would, then fork a kernel per
+    request: returns, in the forked kernel only, (request, its standard streams, the warnings
+    filters to restore, those to put in front); in the template, None when the socket closes."""
+    import os
+    import socket
+    import warnings
+
+    import ipykernel.kernelapp  # noqa: F401  everything a kernel imports before its libraries
+
+    sock = socket.socket(fileno=fd)
+    # the state the libraries would have loaded in: the inline backend in the environment, the
+    # working folder first on sys.path (the shell's ''), the filters ipykernel had then
+    had_backend = os.environ.get("MPLBACKEND")
+    if not had_backend:
+        os.environ["MPLBACKEND"] = INLINE_BACKEND
+    sys.path.insert(0, "")
+    before = list(warnings.filters)
+    had_handlers = set(_stream_handlers())
+    _load(names)
+    del sys.path[0]
+    # the logging handlers the libraries made as they loaded (PyTorch makes some) write to the
+    # streams of that moment: in a kernel, ipykernel's, which a forked kernel gives them
+    rebind = [(h, name) for h in _stream_handlers() if h not in had_handlers
+              for name in ("stdout", "stderr") if h.stream is getattr(sys, name)]
+    if not had_backend:
+        os.environ.pop("MPLBACKEND")
+    after = list(warnings.filters)
+    added = len(after) - len(before)
+    if added < 0 or after[added:] != before:
+        # a library removed or appended a filter: a forked kernel could not place it as a kernel
+        # that loaded the library itself would; the runner starts such kernels the plain way
+        raise SystemExit("kernel template: the libraries changed the warnings filters other than by adding "
+                         "in front; not serving")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    while True:
+        got = _receive(sock)
+        if got is None:
+            return None
+        request, streams = got
+        try:
+            kernel = _fork_kernel(sock, streams)
+        except OSError as e:
+            _reply(sock, {"error": f"fork failed: {e}"})
+            kernel = None
+        finally:
+            if kernel != 0:
+                for s in streams:
+                    os.close(s)
+        if kernel == 0:
+            return request, streams, before, after[:added], rebind
+        if kernel is not None:
+            _reply(sock, {"pid": kernel})
+
+
+def _fork_kernel(sock, streams) -> int:
+    """Fork twice: 0 in the kernel, its pid in the template. The middle process exits at once,
+    so that the kernel is adopted by the runner's process, a child subreaper."""
+    import os
+
+    r, w = os.pipe()
+    middle = os.fork()
+    if middle == 0:
+        try:
+            kernel = os.fork()
+            if kernel == 0:
+                os.close(r)
+                os.close(w)
+                sock.close()
+                return 0
+            os.write(w, str(kernel).encode())
+        except BaseException:
+            pass
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as pipe:
+        said = pipe.read()
+    os.waitpid(middle, 0)
+    if not said:
+        raise OSError("the middle process could not fork the kernel")
+    return int(said)
+
+
+def _stream_handlers() -> list:
+    import logging
+
+    loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
+    return [h for lg in loggers if isinstance(lg, logging.Logger) for h in lg.handlers
+            if isinstance(h, logging.StreamHandler)]
+
+
+def _become_kernel(request: dict, streams: list[int], filters: list, libraries_filters: list, rebind: list) -> None:
+    """In the forked kernel: its own session, streams, parent, environment, folder and
+    arguments, then ipykernel's start as in :func:`main`, the libraries already loaded."""
+    import os
+    import time
+    import warnings
+
+    os.setsid()  # as jupyter_client starts a kernel: its own process group, which it signals
+    for i, s in enumerate(streams):
+        os.dup2(s, i)
+        os.close(s)
+    deadline = time.monotonic() + ADOPTION_WAIT_S
+    while os.getppid() != request["parent"]:  # ipykernel's parent poller compares the two
+        if time.monotonic() > deadline:
+            print(f"kernel template: the kernel was not adopted by process {request['parent']}", file=sys.stderr)
+            os._exit(1)
+        time.sleep(0.0005)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    sys.argv[1:] = request["argv"]
+    if "numpy.random" in sys.modules:  # drawn afresh at import in a kernel of its own
+        sys.modules["numpy.random"].seed()
+    warnings.filters[:] = filters
+    warnings._filters_mutated()
+    from ipykernel.kernelapp import IPKernelApp
+
+    app = IPKernelApp.instance()
+    app.initialize()
+    for f in reversed(libraries_filters):  # as warnings.filterwarnings adds each: in front, once
+        if f in warnings.filters:
+            warnings.filters.remove(f)
+        warnings.filters.insert(0, f)
+    warnings._filters_mutated()
+    for handler, name in rebind:
+        handler.setStream(getattr(sys, name))
+    app.start()
+
+
+# --- the socket: a request is a length and JSON, with the kernel's three standard streams ---
+
+def _receive(sock):
+    import json
+    import socket
+
+    head, fds, _, _ = socket.recv_fds(sock, 8, 3)
+    if not head:
+        return None
+    while len(head) < 8:
+        more = sock.recv(8 - len(head))
+        if not more:
+            return None
+        head += more
+    size = int(head.decode())
+    body = b""
+    while len(body) < size:
+        more = sock.recv(size - len(body))
+        if not more:
+            return None
+        body += more
+    return json.loads(body), list(fds)
+
+
+def _reply(sock, message: dict) -> None:
+    import json
+
+    body = json.dumps(message).encode()
+    sock.sendall(b"%08d" % len(body) + body)
 
 
 if __name__ == "__main__":

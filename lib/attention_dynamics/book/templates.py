@@ -1,0 +1,262 @@
+"""Kernels forked from a template process that has the chapters' libraries loaded already
+(:mod:`attention_dynamics.book.kernel` with ``--template``): the runner's side.
+
+Why: the runner's kernel spends about 2 s of its start loading numpy, pandas, PyTorch,
+matplotlib and scipy.stats, in every chapter; a worker runs many chapters one after another,
+and forking a process that has loaded them once takes a small part of that
+(``benchmarks/kernel_start.py`` measures both).
+
+How the runner keeps managing the kernel as its own: this process becomes a Linux *child
+subreaper* (``prctl(PR_SET_CHILD_SUBREAPER)``), and the template forks each kernel through a
+middle process that exits at once, so the kernel is adopted by this process. It is then this
+process's child, as a kernel jupyter_client starts is: :class:`ForkedKernel` polls, signals,
+waits for it and reads its exit status as :class:`subprocess.Popen` does, and ipykernel's
+own check that its parent lives (``JPY_PARENT_PID``) holds. A side effect: any other orphan
+among this process's descendants is adopted too and stays a zombie until this process exits.
+
+A template serves one environment and working folder (what the libraries read as they load:
+``OMP_NUM_THREADS``, ``MPLBACKEND``, a ``matplotlibrc`` in the folder, ipykernel the
+``JPY_PARENT_PID`` by which a kernel ends when its parent does...), the kernel's own
+other ``JPY_*`` variables apart; a kernel of another is forked from a template of its own, and at
+most :data:`MAX_TEMPLATES` are kept per process. Where no template can serve (not Linux, the
+subreaper refused, the template failed), the kernel starts the plain way, with a note.
+``ATTENTION_DYNAMICS_KERNEL_TEMPLATE=0`` turns templates off.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+from jupyter_client.provisioning import LocalProvisioner
+
+from .kernel import KERNEL_MODULE, PRELOAD_FLAG, TEMPLATE_FLAG
+
+__all__ = ["ChapterProvisioner", "ForkedKernel", "KernelTemplate", "MAX_TEMPLATES", "fork_kernel", "templates_enabled"]
+
+MAX_TEMPLATES = 2
+SWITCH = "ATTENTION_DYNAMICS_KERNEL_TEMPLATE"
+# a template loads its libraries (about 2 s) before it answers its first request; the
+# kernel's own start has KERNEL_START_TIMEOUT_S beyond that
+REPLY_TIMEOUT_S = 300
+PR_SET_CHILD_SUBREAPER = 36
+
+
+class TemplateFailed(RuntimeError):
+    def __init__(self, message: str, noted: bool = False):
+        super().__init__(message)
+        self.noted = noted  # said already, when the template first failed
+
+
+def templates_enabled() -> bool:
+    value = os.environ.get(SWITCH, "1")
+    if value not in {"0", "1"}:
+        raise ValueError(f"{SWITCH} must be '0' or '1', got {value!r}")
+    return value == "1" and sys.platform.startswith("linux")
+
+
+_subreaper_of: int | None = None  # the pid of the process that made itself a subreaper
+
+
+def _make_subreaper() -> bool:
+    """This process adopts its orphaned descendants (not inherited by a fork: checked by pid)."""
+    global _subreaper_of
+    if _subreaper_of == os.getpid():
+        return True
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        return False
+    _subreaper_of = os.getpid()
+    return True
+
+
+class KernelTemplate:
+    """One template process: started with the environment and working folder of the kernels
+    it forks, their JPY_* variables apart."""
+
+    module = KERNEL_MODULE
+
+    def __init__(self, preload: tuple[str, ...], env: dict[str, str], cwd: str):
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        cmd = [sys.executable, "-m", self.module, TEMPLATE_FLAG, str(theirs.fileno()),
+               PRELOAD_FLAG, ",".join(preload)]
+        try:
+            # a session of its own, as a kernel's: a Ctrl-C at the terminal reaches the runner,
+            # which stops its kernels, not the template; it exits when this process's end closes
+            self.process = subprocess.Popen(cmd, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
+                                            pass_fds=[theirs.fileno()], start_new_session=True)
+        finally:
+            theirs.close()
+        self.socket = ours
+        self.socket.settimeout(REPLY_TIMEOUT_S)
+        self.lock = threading.Lock()
+
+    def fork_kernel(self, argv: list[str], env: dict[str, str], cwd: str) -> int:
+        """The pid of a kernel forked with these arguments (after ``-m``'s module and its
+        options), environment and folder, its standard streams this process's (its stdin an
+        empty pipe, as jupyter_client gives a kernel); it is this process's child."""
+        request = json.dumps({"argv": argv, "env": env, "cwd": cwd, "parent": os.getpid()}).encode()
+        r, w = os.pipe()
+        os.close(w)
+        try:
+            with self.lock:
+                socket.send_fds(self.socket, [b"%08d" % len(request) + request], [r, 1, 2])
+                reply = self._read_reply()
+        except (OSError, ValueError) as e:
+            try:
+                code = self.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                code = None
+            how = f"it exited with status {code}" if code is not None else str(e)
+            raise TemplateFailed(f"the kernel template (pid {self.process.pid}) did not answer: {how}") from None
+        finally:
+            os.close(r)
+        if "pid" not in reply:
+            raise TemplateFailed(f"the kernel template could not fork a kernel: {reply.get('error')}")
+        return reply["pid"]
+
+    def _read_reply(self) -> dict:
+        data = b""
+        while len(data) < 8 or len(data) < 8 + int(data[:8]):
+            more = self.socket.recv(65536)
+            if not more:
+                raise OSError("it closed its socket")
+            data += more
+        return json.loads(data[8:])
+
+    def alive(self) -> bool:
+        return self.process.poll() is None and self.socket.fileno() >= 0
+
+    def close(self) -> None:
+        """The template exits when its socket closes; one that does not is killed."""
+        if self.socket.fileno() < 0:
+            return
+        self.socket.close()
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+_templates: dict[tuple, KernelTemplate] = {}  # least recently used first
+_failed: set[tuple] = set()  # those that failed once: their kernels start the plain way
+_templates_lock = threading.Lock()
+
+
+def _forget_in_child() -> None:
+    """A forked child of this process (a pool's worker) must not share the templates' sockets:
+    its own kernels come from templates of its own."""
+    global _templates_lock
+    _templates_lock = threading.Lock()  # another thread may have held it at the fork
+    inherited = list(_templates.values())
+    _templates.clear()
+    for t in inherited:
+        t.socket.close()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+
+
+def fork_kernel(preload: tuple[str, ...], argv: list[str], env: dict[str, str], cwd: str) -> int:
+    """A kernel forked from the template of this environment and folder (started at its
+    first kernel): its pid, a child of this process. Raises TemplateFailed where none can
+    serve; a template that failed once is not started again."""
+    if not _make_subreaper():
+        raise TemplateFailed("this process could not become a child subreaper")
+    # JPY_PARENT_PID, this process's pid, is the same for all its kernels, and ipykernel reads
+    # it as it loads (IPKernelApp.parent_handle's default); the other JPY_* are each kernel's
+    own = {k: v for k, v in env.items() if not k.startswith("JPY_") or k == "JPY_PARENT_PID"}
+    key = (preload, cwd, tuple(sorted(own.items())))
+    with _templates_lock:
+        if key in _failed:
+            raise TemplateFailed("the kernel template failed before", noted=True)
+        t = _templates.pop(key, None)
+        if t is None or not t.alive():
+            if t is not None:
+                t.close()
+            while len(_templates) >= MAX_TEMPLATES:
+                _templates.pop(next(iter(_templates))).close()
+            t = KernelTemplate(preload, own, cwd)
+        _templates[key] = t
+    try:
+        return t.fork_kernel(argv, env, cwd)
+    except TemplateFailed:
+        with _templates_lock:
+            _failed.add(key)
+            if _templates.get(key) is t:
+                del _templates[key]
+        t.close()
+        raise
+
+
+class ForkedKernel:
+    """A kernel forked from a template and adopted by this process, with the parts of
+    :class:`subprocess.Popen` that jupyter_client's :class:`LocalProvisioner` uses."""
+
+    stdin = stdout = stderr = None
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere (SIGCHLD ignored): as Popen, status 0
+                self.returncode = 0
+            else:
+                if pid == self.pid:
+                    self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"kernel {self.pid}", timeout)
+            time.sleep(0.01)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class ChapterProvisioner(LocalProvisioner):
+    """jupyter_client's local provisioner, forking the runner's kernel from a template where
+    one can serve (the command is the runner's kernel in this interpreter), else starting it
+    as it does."""
+
+    async def launch_kernel(self, cmd: list[str], **kwargs):
+        head = [sys.executable, "-m", KERNEL_MODULE, PRELOAD_FLAG]
+        if cmd[:4] != head or not templates_enabled():
+            return await super().launch_kernel(cmd, **kwargs)
+        preload = tuple(cmd[4].split(","))
+        env = dict(kwargs.get("env") or os.environ)
+        env["JPY_PARENT_PID"] = str(os.getpid())  # as jupyter_client's launch_kernel sets it
+        cwd = str(kwargs.get("cwd") or os.getcwd())
+        try:
+            pid = fork_kernel(preload, cmd[5:], env, cwd)
+        except TemplateFailed as e:
+            if not e.noted:
+                print(f"note: {e}; starting kernels of this environment the plain way", file=sys.stderr, flush=True)
+            return await super().launch_kernel(cmd, **kwargs)
+        self.process = ForkedKernel(pid)
+        self.pid = self.pgid = pid  # the kernel leads a session of its own
+        self.cwd = cwd
+        return self.connection_info

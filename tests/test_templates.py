@@ -1,0 +1,205 @@
+"""Kernels forked from a template (attention_dynamics.book.templates): the runner manages them
+as the kernels it starts itself (their status, their end with the runner), one template serves
+one environment and folder, and where a template cannot serve, the chapter still runs, started
+the plain way, with one note. What a chapter sees in a forked kernel: tests/test_kernel.py;
+the runner's faults in one: tests/test_runner_faults.py."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from attention_dynamics.book import templates
+from attention_dynamics.book.execution import execute
+from attention_dynamics.book.jobs import make_jobs
+from attention_dynamics.book.templates import ForkedKernel, KernelTemplate
+from support import TINY_CELLS, make_root
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="templates serve on Linux only")
+
+# a notebook that imports a library the runner's kernel loads first: its kernel is forked
+LOADING_CELLS = [TINY_CELLS[0], ("code", "import numpy", []), *TINY_CELLS[1:]]
+
+
+def _child(code: str) -> int:
+    pid = os.fork()
+    if pid == 0:
+        try:
+            exec(code, {"os": os, "signal": signal, "time": time})
+        finally:
+            os._exit(0)
+    return pid
+
+
+@pytest.mark.parametrize("code, status", [("os._exit(3)", 3), ("os.kill(os.getpid(), signal.SIGKILL)", -9),
+                                          ("time.sleep(60)", None)])
+def test_a_forked_kernels_status_reads_as_popens(code, status):
+    """Exit codes as they are, a signal as its negative number, None while it runs;
+    terminate and kill as Popen's, a wait that times out as Popen's."""
+    a = ForkedKernel(_child(code))
+    b = subprocess.Popen([sys.executable, "-c", f"import os, signal, time\n{code}"])
+    if status is None:
+        time.sleep(0.2)
+        assert a.poll() is None and b.poll() is None
+        with pytest.raises(subprocess.TimeoutExpired):
+            a.wait(timeout=0.1)
+        a.terminate()
+        b.terminate()
+        status = -signal.SIGTERM
+    assert a.wait(timeout=30) == b.wait(timeout=30) == status
+    assert a.poll() == status and a.returncode == status
+    a.kill()  # a process that has ended is not signalled again: its pid may be another's now
+
+
+class FakeTemplate:
+    """The registry's view of a template, without a process."""
+    made: list = []
+
+    def __init__(self, preload, env, cwd):
+        self.env, self.closed, self.fail = env, False, env.get("FAIL") == "1"
+        self.socket = __import__("socket").socket()
+        FakeTemplate.made.append(self)
+
+    def alive(self):
+        return not self.closed
+
+    def fork_kernel(self, argv, env, cwd):
+        if self.fail:
+            raise templates.TemplateFailed("it broke")
+        return 4242
+
+    def close(self):
+        self.closed = True
+
+
+@pytest.fixture
+def fake_templates(monkeypatch):
+    FakeTemplate.made = []
+    monkeypatch.setattr(templates, "KernelTemplate", FakeTemplate)
+    monkeypatch.setattr(templates, "_templates", {})
+    monkeypatch.setattr(templates, "_failed", set())
+    monkeypatch.setattr(templates, "_make_subreaper", lambda: True)
+    return FakeTemplate.made
+
+
+def test_one_template_serves_one_environment_and_folder(fake_templates):
+    """The kernel's own JPY_* variables do not split; any other variable or the folder does
+    (JPY_PARENT_PID is the same for all of a process's kernels, and ipykernel reads it as it loads);
+    at most MAX_TEMPLATES are kept, the least recently used closed first."""
+    def fork(cwd="/a", **env):
+        return templates.fork_kernel(("numpy",), ["-f", "c.json"], {"PATH": "/bin", "JPY_PARENT_PID": "1", **env}, cwd)
+
+    assert fork() == fork(JPY_SESSION_NAME="x") == 4242
+    assert len(fake_templates) == 1 and fake_templates[0].env["JPY_PARENT_PID"] == "1"
+    assert "JPY_SESSION_NAME" not in fake_templates[0].env
+    fork(OMP_NUM_THREADS="2")
+    assert len(fake_templates) == 2
+    fork()  # the first again: now the most recently used
+    fork(cwd="/b")
+    assert len(fake_templates) == 3 == templates.MAX_TEMPLATES + 1
+    assert [t.closed for t in fake_templates] == [False, True, False]
+
+
+def test_a_template_that_failed_is_not_started_again(fake_templates):
+    with pytest.raises(templates.TemplateFailed, match="it broke"):
+        templates.fork_kernel(("numpy",), [], {"FAIL": "1"}, "/a")
+    with pytest.raises(templates.TemplateFailed, match="failed before"):
+        templates.fork_kernel(("numpy",), [], {"FAIL": "1"}, "/a")
+    assert len(fake_templates) == 1 and fake_templates[0].closed
+    assert templates.fork_kernel(("numpy",), [], {}, "/a") == 4242  # another environment's serves
+
+
+def test_a_forked_child_of_the_runner_forgets_its_templates(fake_templates):
+    """A pool's worker, forked from the runner, must not share the runner's template socket."""
+    templates.fork_kernel(("numpy",), [], {}, "/a")
+    assert templates._templates
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0 if templates._templates == {} else 1)
+    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+    assert templates._templates  # the runner's own are kept
+
+
+def test_a_template_that_cannot_start_leaves_the_plain_kernel_with_one_note(tmp_path, monkeypatch, capfd):
+    monkeypatch.setattr(KernelTemplate, "module", "attention_dynamics.book.no_such_module")
+    monkeypatch.setattr(templates, "_templates", {})
+    monkeypatch.setattr(templates, "_failed", set())
+    root = make_root(tmp_path, LOADING_CELLS)
+    for run in range(2):
+        (job,) = make_jobs(root, "quick", out_dir=tmp_path / f"out{run}")
+        assert execute(job).record["values"] == {"double": 6}
+    err = capfd.readouterr().err
+    assert err.count("note: the kernel template") == 1, err
+    assert "did not answer: it exited with status 1; starting kernels of this environment the plain way" in err
+    assert "No module named attention_dynamics.book.no_such_module" in err  # the template's own words
+
+
+def test_a_template_that_died_is_replaced(tmp_path, monkeypatch):
+    monkeypatch.setattr(templates, "_templates", {})
+    root = make_root(tmp_path, LOADING_CELLS)
+    pids = []
+    for run in range(2):
+        (job,) = make_jobs(root, "quick", out_dir=tmp_path / f"out{run}")
+        assert execute(job).record["values"] == {"double": 6}
+        (t,) = templates._templates.values()
+        pids.append(t.process.pid)
+        t.process.kill()
+        t.process.wait()
+    assert pids[0] != pids[1]
+
+
+def _gone(pid: int) -> bool:
+    """Ended: not running, and reaped here where this process adopted it (a subreaper)."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_a_template_and_its_kernel_end_with_the_runners_process(tmp_path):
+    """A runner killed outright: its template sees its socket close and exits, and its kernel
+    sees its parent change (ipykernel's own check) and exits."""
+    script = tmp_path / "runner.py"
+    script.write_text(textwrap.dedent("""
+        import asyncio, os, sys
+        from attention_dynamics.book import templates
+        from attention_dynamics.book.execution import kernel_manager
+
+        async def main():
+            km = kernel_manager(("numpy",))(kernel_name="python3")
+            await km.start_kernel()
+            kc = km.client()
+            kc.start_channels()
+            await kc.wait_for_ready(timeout=120)
+            (t,) = templates._templates.values()
+            open(sys.argv[1], "w").write(f"{t.process.pid} {km.provisioner.pid}")
+            os.kill(os.getpid(), 9)
+
+        asyncio.run(main())
+    """))
+    # into files: a kernel or template that outlived the runner would hold a pipe open
+    pids, log = tmp_path / "pids", tmp_path / "log"
+    with open(log, "w") as err:
+        done = subprocess.run([sys.executable, str(script), str(pids)], stdout=err, stderr=err, timeout=300)
+    assert done.returncode == -signal.SIGKILL, log.read_text()
+    template, kernel = map(int, pids.read_text().split())
+    deadline = time.monotonic() + 30
+    while not (_gone(template) and _gone(kernel)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _gone(template) and _gone(kernel)
+
+
+def test_the_template_option_takes_a_value():
+    done = subprocess.run([sys.executable, "-m", "attention_dynamics.book.kernel", "--preload", "numpy", "--template"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and "--template takes its value as the next argument" in done.stderr
