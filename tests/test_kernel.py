@@ -40,6 +40,7 @@ PROBE_CELLS = [
              # (flags: the --secure flag's key, drawn as jupyter_client loads, in every kernel its own)
              "              and k not in ('parent_handle', 'flags') and not v.startswith('<') and ' at 0x' not in v}\n"
              "rec['app']['parent_handle'] = app.parent_handle == int(os.environ['JPY_PARENT_PID'])\n"
+             "rec['poller_parent'] = app.poller.parent_pid == int(os.environ['JPY_PARENT_PID'])\n"
              # the streams what loaded before the first cell writes to: a library's logging
              # handlers, the hooks, each as its type
              "import logging\nloggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]\n"
@@ -55,6 +56,9 @@ PROBE_CELLS = [
              "rec['backend'], rec['rc'] = matplotlib.get_backend(), {k: repr(v) for k, v in matplotlib.rcParams.items()}\n"
              "rec['threads'] = [torch.get_num_threads(), torch.get_num_interop_threads()]\n"
              "rec['sigint'] = repr(signal.getsignal(signal.SIGINT))\n"
+             # drawn afresh as they load in every process (below: they differ between any two)
+             "import multiprocessing\nrec['fresh'] = [np.random.random(), torch.rand(1).item(),\n"
+             "                bytes(multiprocessing.current_process().authkey).hex()]\n"
              "torch.manual_seed(0)\na = torch.randn(256, 256)\n"
              "rec['torch'] = (a @ a).sum().item()\n"
              "x = np.random.default_rng(0).normal(size=(256, 256))\n"
@@ -100,10 +104,14 @@ def test_a_chapter_sees_the_plain_kernels_world_with_the_libraries_loaded_and_fr
     for r in [runners, *forked]:
         assert r["backend"] == plain["backend"] == "module://matplotlib_inline.backend_inline"
         assert r["threads"][0] == plain["threads"][0] == 1
+    fresh = [r.pop("fresh") for r in (plain, runners, *forked)]
+    for values in zip(*fresh):
+        assert len(set(values)) == len(values), fresh
     seen = set(plain) - {"frozen", "loaded", "forked"}
     assert {"argv", "environ", "warnings", "rc", "torch", "png", "modules", "parent", "stdin", "app", "handlers",
             "hooks"} <= seen
     assert plain["parent"] and plain["stdin"] and plain["poller"] == "ParentPollerUnix" and plain["app"]["parent_handle"]
+    assert plain["poller_parent"]
     for r in [runners, *forked]:
         assert {k: r[k] for k in seen if r[k] != plain[k]} == {}
 

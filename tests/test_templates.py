@@ -62,7 +62,7 @@ class FakeTemplate:
 
     def __init__(self, preload, env, cwd):
         self.env, self.closed, self.fail = env, False, env.get("FAIL") == "1"
-        self.socket = __import__("socket").socket()
+        self.socket, self.lock = __import__("socket").socket(), __import__("threading").Lock()
         FakeTemplate.made.append(self)
 
     def alive(self):
@@ -83,7 +83,7 @@ def fake_templates(monkeypatch):
     monkeypatch.setattr(templates, "KernelTemplate", FakeTemplate)
     monkeypatch.setattr(templates, "_templates", {})
     monkeypatch.setattr(templates, "_failed", set())
-    monkeypatch.setattr(templates, "_make_subreaper", lambda: True)
+    monkeypatch.setattr(templates, "_make_subreaper", lambda: None)
     return FakeTemplate.made
 
 
@@ -166,9 +166,105 @@ def _gone(pid: int) -> bool:
         return True
 
 
+def _command(pid: int) -> bytes:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return f.read()
+
+
+def _kernels_adopted_here(template_pid: int, command: bytes) -> list[int]:
+    """The live forked kernels this process adopted: children with the template's command line."""
+    found = []
+    for d in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                state, ppid = f.read().rsplit(")", 1)[1].split()[:2]
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                same = f.read() == command
+        except (FileNotFoundError, ProcessLookupError, NotADirectoryError):
+            continue
+        if same and int(ppid) == os.getpid() and int(d) != template_pid and state != "Z":
+            found.append(int(d))
+    return found
+
+
+def test_an_interrupted_request_closes_the_template_which_kills_its_kernel(tmp_path, monkeypatch):
+    """A wait for the template's reply that is cut short (here a KeyboardInterrupt) closes the
+    template: the kernel it forked for that request is killed, not left to run unmanaged, and
+    the next chapter gets a template of its own."""
+    monkeypatch.setattr(templates, "_templates", {})
+    root = make_root(tmp_path, LOADING_CELLS)
+    real = KernelTemplate._read_reply
+    seen = []
+
+    def interrupted(self):
+        seen.append((self.process.pid, _command(self.process.pid)))
+        time.sleep(3)  # the template forks and replies meanwhile: an unread reply
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(KernelTemplate, "_read_reply", interrupted)
+    (job,) = make_jobs(root, "quick", out_dir=tmp_path / "out0")
+    with pytest.raises(KeyboardInterrupt):
+        execute(job)
+    ((template, command),) = seen
+    deadline = time.monotonic() + 30
+    while (not _gone(template) or _kernels_adopted_here(template, command)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _gone(template) and _kernels_adopted_here(template, command) == []
+    monkeypatch.setattr(KernelTemplate, "_read_reply", real)
+    (job,) = make_jobs(root, "quick", out_dir=tmp_path / "out1")
+    assert execute(job).record["values"] == {"double": 6}
+    assert [t.process.pid for t in templates._templates.values()] != [template]
+
+
+def test_a_large_environment_reaches_the_kernel_whole(tmp_path, monkeypatch):
+    """The request carries the whole environment: here 400 kB, more than one send takes (a
+    socket's buffer holds about 200 kB; one variable may not pass 128 kB, exec's limit)."""
+    monkeypatch.setattr(templates, "_templates", {})
+    for i in range(4):
+        monkeypatch.setenv(f"LARGE{i}", "x" * 100_000)
+    cells = [TINY_CELLS[0], ("code", "import numpy, os", []), *TINY_CELLS[1:-1],
+             ("code", "rec['double'] = 2 * x + offset\n"
+                      "rec['large'] = sum(len(v) for k, v in os.environ.items() if k.startswith('LARGE'))\nrec.save()", [])]
+    pids = []
+    real = templates.fork_kernel
+    monkeypatch.setattr(templates, "fork_kernel", lambda *a: pids.append(real(*a)) or pids[-1])
+    (job,) = make_jobs(make_root(tmp_path, cells), "quick", out_dir=tmp_path / "out")
+    assert execute(job).record["values"] == {"double": 6, "large": 400_000} and len(pids) == 1
+
+
+def test_a_forked_kernel_runs_pytorch_on_the_threads_its_environment_names(tmp_path, monkeypatch):
+    """Two threads, as a build with one worker gives them: the forked kernel's PyTorch and
+    numpy's BLAS start their pools after the fork (OpenBLAS's, started as numpy loads, stops at
+    a fork and starts again when next used), as many threads as the plain kernel's, and the
+    parallel work is the same."""
+    from attention_dynamics.book import execution
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    monkeypatch.setattr(templates, "_templates", {})
+    cells = [TINY_CELLS[0], ("code", "import os, threading\nimport numpy, torch", []), TINY_CELLS[1],
+             ("code", "torch.manual_seed(0)\na = torch.randn(512, 512)\n"
+                      "rec['product'] = (a @ a).sum().item()\nrec['threads'] = torch.get_num_threads()\n"
+                      "b = numpy.random.default_rng(0).normal(size=(512, 512))\nrec['numpy'] = float((b @ b).sum())\n"
+                      "rec['native'] = len(os.listdir('/proc/self/task')) - threading.active_count()\n"
+                      "rec['forked'] = '--template' in __import__('sys').orig_argv\nrec.save()", [])]
+    root = make_root(tmp_path, cells)
+    got = {}
+    for kernel in ("plain", "forked"):
+        with monkeypatch.context() as m:
+            if kernel == "plain":
+                m.setattr(execution, "preloaded_for", lambda notebook: ())
+            (job,) = make_jobs(root, "quick", out_dir=tmp_path / kernel)
+            got[kernel] = execute(job).record["values"]
+    assert [got[k].pop("forked") for k in ("plain", "forked")] == [False, True]
+    assert got["forked"] == got["plain"] and got["plain"]["threads"] == 2, got
+
+
 def test_a_template_and_its_kernel_end_with_the_runners_process(tmp_path):
     """A runner killed outright: its template sees its socket close and exits, and its kernel
-    sees its parent change (ipykernel's own check) and exits."""
+    sees its parent change (ipykernel's own check) and exits. This process adopts them (a
+    subreaper, as the runner's is), so that the kernel's own fallback, ending when its parent
+    is init, cannot be what ends it."""
+    templates._make_subreaper()
     script = tmp_path / "runner.py"
     script.write_text(textwrap.dedent("""
         import asyncio, os, sys
@@ -203,3 +299,13 @@ def test_the_template_option_takes_a_value():
     done = subprocess.run([sys.executable, "-m", "attention_dynamics.book.kernel", "--preload", "numpy", "--template"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode != 0 and "--template takes its value as the next argument" in done.stderr
+
+
+def test_a_switch_that_is_neither_0_nor_1_is_named(tmp_path, monkeypatch):
+    from attention_dynamics.book.jobs import NotebookFailed
+
+    monkeypatch.setenv(templates.SWITCH, "yes")
+    (job,) = make_jobs(make_root(tmp_path, LOADING_CELLS), "quick", out_dir=tmp_path / "out")
+    with pytest.raises(NotebookFailed, match="ATTENTION_DYNAMICS_KERNEL_TEMPLATE must be '0' or '1', got 'yes'"):
+        execute(job)
+    assert not (tmp_path / "out" / "tiny.json").exists()

@@ -34,7 +34,8 @@ request's environment, working folder, arguments and standard streams, and the t
 its libraries would have seen had they loaded after ipykernel set itself up are put as they
 would be (the inline backend where nothing set ``MPLBACKEND``, the warnings filters the
 libraries add, in front of ipykernel's, and the logging handlers they make writing to
-ipykernel's streams); numpy's global random state is drawn afresh, as a fresh import draws it. The template forks twice and the middle process exits, so that the
+ipykernel's streams); numpy's global random state, PyTorch's default generator and
+multiprocessing's key are drawn afresh, as a fresh import draws them. The template forks twice and the middle process exits, so that the
 kernel becomes a child of the runner's process (a Linux "child subreaper", set by the runner),
 which starts, signals, waits for and reads the exit status of it as of any kernel it starts.
 """
@@ -46,7 +47,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-__all__ = ["PRELOADED", "KERNEL_MODULE", "PRELOAD_FLAG", "TEMPLATE_FLAG", "main"]
+__all__ = ["ACK", "PRELOADED", "KERNEL_MODULE", "PRELOAD_FLAG", "TEMPLATE_FLAG", "main"]
 
 KERNEL_MODULE = "attention_dynamics.book.kernel"
 PRELOAD_FLAG = "--preload"
@@ -63,6 +64,7 @@ PRELOADED = ("numpy", "pandas", "torch", "matplotlib", "scipy.stats")
 INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
 # how long a forked kernel waits to become the runner's child (its middle parent exits at once)
 ADOPTION_WAIT_S = 30.0
+ACK = b"A"  # the runner's answer to a kernel's pid: it manages that kernel now
 
 
 def _take_option(flag: str) -> str | None:
@@ -136,17 +138,22 @@ def _serve(fd: int, names: list[str]):
     request: returns, in the forked kernel only, (request, its standard streams, the warnings
     filters to restore, those to put in front); in the template, None when the socket closes."""
     import os
+    import signal
     import socket
     import warnings
 
     import ipykernel.kernelapp  # noqa: F401  everything a kernel imports before its libraries
 
+    from ipykernel.zmqshell import ZMQInteractiveShell
+
     sock = socket.socket(fileno=fd)
-    # the state the libraries would have loaded in: the inline backend in the environment, the
-    # working folder first on sys.path (the shell's ''), the filters ipykernel had then
-    had_backend = os.environ.get("MPLBACKEND")
-    if not had_backend:
+    # the state the libraries would have loaded in: the environment ipykernel had set (the
+    # inline backend where nothing set MPLBACKEND, the shell's TERM, PAGER...), the working
+    # folder first on sys.path (the shell's ''), the filters ipykernel had then
+    environ = dict(os.environ)
+    if not os.environ.get("MPLBACKEND"):
         os.environ["MPLBACKEND"] = INLINE_BACKEND
+    ZMQInteractiveShell.init_environment(None)  # it sets os.environ only
     sys.path.insert(0, "")
     before = list(warnings.filters)
     had_handlers = set(_stream_handlers())
@@ -156,8 +163,8 @@ def _serve(fd: int, names: list[str]):
     # streams of that moment: in a kernel, ipykernel's, which a forked kernel gives them
     rebind = [(h, name) for h in _stream_handlers() if h not in had_handlers
               for name in ("stdout", "stderr") if h.stream is getattr(sys, name)]
-    if not had_backend:
-        os.environ.pop("MPLBACKEND")
+    os.environ.clear()
+    os.environ.update(environ)
     after = list(warnings.filters)
     added = len(after) - len(before)
     if added < 0 or after[added:] != before:
@@ -175,7 +182,7 @@ def _serve(fd: int, names: list[str]):
         try:
             kernel = _fork_kernel(sock, streams)
         except OSError as e:
-            _reply(sock, {"error": f"fork failed: {e}"})
+            _reply(sock, {"id": request["id"], "error": f"fork failed: {e}"})
             kernel = None
         finally:
             if kernel != 0:
@@ -184,7 +191,16 @@ def _serve(fd: int, names: list[str]):
         if kernel == 0:
             return request, streams, before, after[:added], rebind
         if kernel is not None:
-            _reply(sock, {"pid": kernel})
+            # the runner acknowledges the pid it now manages; without that (it gave up waiting,
+            # it was interrupted, it died) no one would manage this kernel
+            try:
+                _reply(sock, {"id": request["id"], "pid": kernel})
+                took = sock.recv(1) == ACK
+            except OSError:
+                took = False
+            if not took:
+                os.kill(kernel, signal.SIGKILL)
+                return None
 
 
 def _fork_kernel(sock, streams) -> int:
@@ -244,8 +260,14 @@ def _become_kernel(request: dict, streams: list[int], filters: list, libraries_f
     os.environ.clear()
     os.environ.update(request["env"])
     sys.argv[1:] = request["argv"]
-    if "numpy.random" in sys.modules:  # drawn afresh at import in a kernel of its own
+    # drawn afresh as they load in a kernel of its own (the string hash seed cannot be: where
+    # PYTHONHASHSEED is unset, a template's kernels share its own; the runner sets it to 0)
+    if "numpy.random" in sys.modules:
         sys.modules["numpy.random"].seed()
+    if "torch" in sys.modules:
+        sys.modules["torch"].default_generator.seed()
+    if "multiprocessing.process" in sys.modules:
+        sys.modules["multiprocessing.process"].current_process().authkey = os.urandom(32)
     warnings.filters[:] = filters
     warnings._filters_mutated()
     from ipykernel.kernelapp import IPKernelApp

@@ -21,6 +21,15 @@ other ``JPY_*`` variables apart; a kernel of another is forked from a template o
 most :data:`MAX_TEMPLATES` are kept per process. Where no template can serve (not Linux, the
 subreaper refused, the template failed), the kernel starts the plain way, with a note.
 ``ATTENTION_DYNAMICS_KERNEL_TEMPLATE=0`` turns templates off.
+
+What a template cannot give its kernels as a fresh start would: it is a snapshot of the
+libraries and the files they read as they loaded (a library upgraded, or a ``matplotlibrc``
+edited, while a worker lives reaches its kernels only from its next template; the worker
+itself keeps what it loaded too), and of the process attributes of its start (umask, limits,
+CPU affinity, niceness); where ``PYTHONHASHSEED`` is unset, its kernels share one string hash
+seed (``make.py`` sets it to 0 for every build and test); the libraries' exit handlers run
+after ipykernel's instead of before; and each worker holds up to two idle templates in
+memory (the loaded libraries, shared with its kernels until written).
 """
 from __future__ import annotations
 
@@ -35,7 +44,7 @@ import time
 
 from jupyter_client.provisioning import LocalProvisioner
 
-from .kernel import KERNEL_MODULE, PRELOAD_FLAG, TEMPLATE_FLAG
+from .kernel import ACK, KERNEL_MODULE, PRELOAD_FLAG, TEMPLATE_FLAG
 
 __all__ = ["ChapterProvisioner", "ForkedKernel", "KernelTemplate", "MAX_TEMPLATES", "fork_kernel", "templates_enabled"]
 
@@ -63,18 +72,24 @@ def templates_enabled() -> bool:
 _subreaper_of: int | None = None  # the pid of the process that made itself a subreaper
 
 
-def _make_subreaper() -> bool:
-    """This process adopts its orphaned descendants (not inherited by a fork: checked by pid)."""
-    global _subreaper_of
+_refused_in: int | None = None
+
+
+def _make_subreaper() -> None:
+    """This process adopts its orphaned descendants (not inherited by a fork: checked by pid);
+    TemplateFailed where it cannot, said once."""
+    global _subreaper_of, _refused_in
     if _subreaper_of == os.getpid():
-        return True
+        return
+    if _refused_in == os.getpid():
+        raise TemplateFailed("this process could not become a child subreaper", noted=True)
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
-        return False
+        _refused_in = os.getpid()
+        raise TemplateFailed(f"this process could not become a child subreaper ({os.strerror(ctypes.get_errno())})")
     _subreaper_of = os.getpid()
-    return True
 
 
 class KernelTemplate:
@@ -92,30 +107,46 @@ class KernelTemplate:
             # which stops its kernels, not the template; it exits when this process's end closes
             self.process = subprocess.Popen(cmd, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
                                             pass_fds=[theirs.fileno()], start_new_session=True)
+        except OSError as e:
+            ours.close()
+            raise TemplateFailed(f"the kernel template could not start: {e}") from None
         finally:
             theirs.close()
         self.socket = ours
         self.socket.settimeout(REPLY_TIMEOUT_S)
         self.lock = threading.Lock()
+        self.requests = 0
 
     def fork_kernel(self, argv: list[str], env: dict[str, str], cwd: str) -> int:
         """The pid of a kernel forked with these arguments (after ``-m``'s module and its
         options), environment and folder, its standard streams this process's (its stdin an
-        empty pipe, as jupyter_client gives a kernel); it is this process's child."""
-        request = json.dumps({"argv": argv, "env": env, "cwd": cwd, "parent": os.getpid()}).encode()
+        empty pipe, as jupyter_client gives a kernel); it is this process's child. A request
+        not answered (an error, the timeout, an interruption) closes the template, which kills
+        a kernel it forked for it whose pid this process did not acknowledge (and a reply read
+        later could belong to another request)."""
         r, w = os.pipe()
         os.close(w)
         try:
             with self.lock:
-                socket.send_fds(self.socket, [b"%08d" % len(request) + request], [r, 1, 2])
+                self.requests += 1
+                request = json.dumps({"id": self.requests, "argv": argv, "env": env, "cwd": cwd,
+                                      "parent": os.getpid()}).encode()
+                # the fds ride on the length alone, which always fits; the rest may take many sends
+                socket.send_fds(self.socket, [b"%08d" % len(request)], [r, 1, 2])
+                self.socket.sendall(request)
                 reply = self._read_reply()
+                if reply.get("id") != self.requests:
+                    raise ValueError(f"the reply answers request {reply.get('id')}, not {self.requests}")
+                if "pid" in reply:
+                    self.socket.sendall(ACK)
         except (OSError, ValueError) as e:
-            try:
-                code = self.process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                code = None
-            how = f"it exited with status {code}" if code is not None else str(e)
+            self.close()
+            code = self.process.returncode
+            how = f"it exited with status {code}" if code is not None and code > 0 else str(e)
             raise TemplateFailed(f"the kernel template (pid {self.process.pid}) did not answer: {how}") from None
+        except BaseException:
+            self.close()
+            raise
         finally:
             os.close(r)
         if "pid" not in reply:
@@ -136,9 +167,10 @@ class KernelTemplate:
 
     def close(self) -> None:
         """The template exits when its socket closes; one that does not is killed."""
-        if self.socket.fileno() < 0:
+        if self.socket.fileno() >= 0:
+            self.socket.close()
+        if self.process.returncode is not None:
             return
-        self.socket.close()
         try:
             self.process.wait(timeout=5)
         except subprocess.TimeoutExpired:
@@ -169,8 +201,8 @@ def fork_kernel(preload: tuple[str, ...], argv: list[str], env: dict[str, str], 
     """A kernel forked from the template of this environment and folder (started at its
     first kernel): its pid, a child of this process. Raises TemplateFailed where none can
     serve; a template that failed once is not started again."""
-    if not _make_subreaper():
-        raise TemplateFailed("this process could not become a child subreaper")
+    _make_subreaper()
+    _reap_dropped()
     # JPY_PARENT_PID, this process's pid, is the same for all its kernels, and ipykernel reads
     # it as it loads (IPKernelApp.parent_handle's default); the other JPY_* are each kernel's
     own = {k: v for k, v in env.items() if not k.startswith("JPY_") or k == "JPY_PARENT_PID"}
@@ -182,9 +214,15 @@ def fork_kernel(preload: tuple[str, ...], argv: list[str], env: dict[str, str], 
         if t is None or not t.alive():
             if t is not None:
                 t.close()
-            while len(_templates) >= MAX_TEMPLATES:
-                _templates.pop(next(iter(_templates))).close()
-            t = KernelTemplate(preload, own, cwd)
+            # the least recently used first, not one another thread is waiting on
+            idle = [k for k, other in _templates.items() if not other.lock.locked()]
+            for k in idle[:max(0, len(_templates) - MAX_TEMPLATES + 1)]:
+                _templates.pop(k).close()
+            try:
+                t = KernelTemplate(preload, own, cwd)
+            except TemplateFailed:
+                _failed.add(key)
+                raise
         _templates[key] = t
     try:
         return t.fork_kernel(argv, env, cwd)
@@ -197,15 +235,33 @@ def fork_kernel(preload: tuple[str, ...], argv: list[str], env: dict[str, str], 
         raise
 
 
+_dropped: list[int] = []  # kernels whose ForkedKernel went away before reaping them
+
+
+def _reap_dropped() -> None:
+    for pid in list(_dropped):
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            done = pid
+        if done:
+            _dropped.remove(pid)
+
+
 class ForkedKernel:
     """A kernel forked from a template and adopted by this process, with the parts of
-    :class:`subprocess.Popen` that jupyter_client's :class:`LocalProvisioner` uses."""
+    :class:`subprocess.Popen` that jupyter_client's :class:`LocalProvisioner` uses; as
+    Popen's, one dropped while its kernel runs is reaped later (at the next fork)."""
 
     stdin = stdout = stderr = None
 
     def __init__(self, pid: int):
         self.pid = pid
         self.returncode: int | None = None
+
+    def __del__(self):
+        if self.returncode is None and self.poll() is None:
+            _dropped.append(self.pid)
 
     def poll(self) -> int | None:
         if self.returncode is None:
