@@ -260,8 +260,11 @@ class ForkedKernel:
         self.returncode: int | None = None
 
     def __del__(self):
-        if self.returncode is None and self.poll() is None:
-            _dropped.append(self.pid)
+        try:
+            if self.returncode is None and self.poll() is None:
+                _dropped.append(self.pid)
+        except Exception:  # at the interpreter's exit, the modules may be gone
+            pass
 
     def poll(self) -> int | None:
         if self.returncode is None:
