@@ -166,24 +166,20 @@ def _gone(pid: int) -> bool:
         return True
 
 
-def _command(pid: int) -> bytes:
-    with open(f"/proc/{pid}/cmdline", "rb") as f:
-        return f.read()
-
-
-def _kernels_adopted_here(template_pid: int, command: bytes) -> list[int]:
-    """The live forked kernels this process adopted: children with the template's command line."""
-    found = []
+def _forked_here() -> set[int]:
+    """The live templates and forked kernels that are this process's children (a forked
+    kernel has its template's command line)."""
+    found = set()
     for d in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{d}/stat") as f:
                 state, ppid = f.read().rsplit(")", 1)[1].split()[:2]
             with open(f"/proc/{d}/cmdline", "rb") as f:
-                same = f.read() == command
-        except (FileNotFoundError, ProcessLookupError, NotADirectoryError):
+                ours = b"\0--template\0" in f.read()
+        except (FileNotFoundError, ProcessLookupError):
             continue
-        if same and int(ppid) == os.getpid() and int(d) != template_pid and state != "Z":
-            found.append(int(d))
+        if ours and int(ppid) == os.getpid() and state != "Z":
+            found.add(int(d))
     return found
 
 
@@ -197,19 +193,20 @@ def test_an_interrupted_request_closes_the_template_which_kills_its_kernel(tmp_p
     seen = []
 
     def interrupted(self):
-        seen.append((self.process.pid, _command(self.process.pid)))
+        seen.append(self.process.pid)
         time.sleep(3)  # the template forks and replies meanwhile: an unread reply
         raise KeyboardInterrupt
 
     monkeypatch.setattr(KernelTemplate, "_read_reply", interrupted)
     (job,) = make_jobs(root, "quick", out_dir=tmp_path / "out0")
+    before = _forked_here()  # other tests' templates, which live on
     with pytest.raises(KeyboardInterrupt):
         execute(job)
-    ((template, command),) = seen
+    (template,) = seen
     deadline = time.monotonic() + 30
-    while (not _gone(template) or _kernels_adopted_here(template, command)) and time.monotonic() < deadline:
+    while (not _gone(template) or _forked_here() - before) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert _gone(template) and _kernels_adopted_here(template, command) == []
+    assert _gone(template) and _forked_here() - before == set()
     monkeypatch.setattr(KernelTemplate, "_read_reply", real)
     (job,) = make_jobs(root, "quick", out_dir=tmp_path / "out1")
     assert execute(job).record["values"] == {"double": 6}
