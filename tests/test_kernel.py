@@ -41,6 +41,8 @@ PROBE_CELLS = [
              "              and k not in ('parent_handle', 'flags') and not v.startswith('<') and ' at 0x' not in v}\n"
              "rec['app']['parent_handle'] = app.parent_handle == int(os.environ['JPY_PARENT_PID'])\n"
              "rec['poller_parent'] = app.poller.parent_pid == int(os.environ['JPY_PARENT_PID'])\n"
+             # every pandas option: some are chosen as pandas loads, by asking get_ipython
+             "rec['pandas'] = {k: repr(pd.get_option(k)) for k in pd._config.config._registered_options}\n"
              # the streams what loaded before the first cell writes to: a library's logging
              # handlers, the hooks, each as its type
              "import logging\nloggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]\n"
@@ -109,7 +111,8 @@ def test_a_chapter_sees_the_plain_kernels_world_with_the_libraries_loaded_and_fr
         assert len(set(values)) == len(values), fresh
     seen = set(plain) - {"frozen", "loaded", "forked"}
     assert {"argv", "environ", "warnings", "rc", "torch", "png", "modules", "parent", "stdin", "app", "handlers",
-            "hooks"} <= seen
+            "hooks", "pandas"} <= seen
+    assert plain["pandas"]["display.max_columns"] == "20"  # as in a Jupyter kernel, not a terminal
     assert plain["parent"] and plain["stdin"] and plain["poller"] == "ParentPollerUnix" and plain["app"]["parent_handle"]
     assert plain["poller_parent"]
     for r in [runners, *forked]:

@@ -127,7 +127,8 @@ def main() -> None:
 
     app = IPKernelApp.instance()
     app.initialize()  # binds the ports jupyter_client chose before the slow part below
-    _load(names)
+    with app.shell.builtin_trap:  # get_ipython defined, as in a cell (pandas reads it as it loads)
+        _load(names)
     app.start()
 
 
@@ -137,6 +138,7 @@ def _serve(fd: int, names: list[str]):
     """Load the libraries as a kernel that had started would, then fork a kernel per
     request: returns, in the forked kernel only, (request, its standard streams, the warnings
     filters to restore, those to put in front); in the template, None when the socket closes."""
+    import builtins
     import os
     import signal
     import socket
@@ -157,12 +159,23 @@ def _serve(fd: int, names: list[str]):
     sys.path.insert(0, "")
     before = list(warnings.filters)
     had_handlers = set(_stream_handlers())
-    _load(names)
+    # as in a cell, get_ipython is defined: pandas asks it whether it runs in a kernel (a shell
+    # with a kernel) as it loads, and shows 20 columns there, as many as fit in a terminal
+    builtins.get_ipython = lambda: _ShellAsLoadingSeesIt()
+    # and the output streams are ipykernel's as far as a library can tell as it loads (pandas
+    # takes its display encoding from them)
+    streams = {name: _StreamAsLoadingSeesIt(getattr(sys, name)) for name in ("stdout", "stderr")}
+    sys.stdout, sys.stderr = streams["stdout"], streams["stderr"]
+    try:
+        _load(names)
+    finally:
+        del builtins.get_ipython
+        sys.stdout, sys.stderr = streams["stdout"].stream, streams["stderr"].stream
     del sys.path[0]
     # the logging handlers the libraries made as they loaded (PyTorch makes some) write to the
     # streams of that moment: in a kernel, ipykernel's, which a forked kernel gives them
     rebind = [(h, name) for h in _stream_handlers() if h not in had_handlers
-              for name in ("stdout", "stderr") if h.stream is getattr(sys, name)]
+              for name in ("stdout", "stderr") if h.stream is streams[name]]
     os.environ.clear()
     os.environ.update(environ)
     after = list(warnings.filters)
@@ -179,11 +192,14 @@ def _serve(fd: int, names: list[str]):
         if got is None:
             return None
         request, streams = got
+        kernel = None
         try:
             kernel = _fork_kernel(sock, streams)
         except OSError as e:
-            _reply(sock, {"id": request["id"], "error": f"fork failed: {e}"})
-            kernel = None
+            try:
+                _reply(sock, {"id": request["id"], "error": f"fork failed: {e}"})
+            except OSError:
+                return None
         finally:
             if kernel != 0:
                 for s in streams:
@@ -229,6 +245,29 @@ def _fork_kernel(sock, streams) -> int:
     if not said:
         raise OSError("the middle process could not fork the kernel")
     return int(said)
+
+
+class _ShellAsLoadingSeesIt:
+    """What a library loading in the template gets from get_ipython: the one thing the
+    preloaded libraries ask of it as they load is whether the shell has a kernel."""
+    kernel = None
+
+
+class _StreamAsLoadingSeesIt:
+    """The template's own stream, with the encoding and the answer to isatty() of ipykernel's
+    OutStream, which a kernel's libraries see as they load."""
+
+    def __init__(self, stream):
+        from ipykernel.iostream import OutStream
+
+        self.stream = stream
+        self.encoding = OutStream.encoding
+
+    def isatty(self) -> bool:
+        return False
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
 
 
 def _stream_handlers() -> list:

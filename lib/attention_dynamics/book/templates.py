@@ -99,7 +99,10 @@ class KernelTemplate:
     module = KERNEL_MODULE
 
     def __init__(self, preload: tuple[str, ...], env: dict[str, str], cwd: str):
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        except OSError as e:
+            raise TemplateFailed(f"the kernel template could not start: {e}") from None
         cmd = [sys.executable, "-m", self.module, TEMPLATE_FLAG, str(theirs.fileno()),
                PRELOAD_FLAG, ",".join(preload)]
         try:
@@ -116,6 +119,7 @@ class KernelTemplate:
         self.socket.settimeout(REPLY_TIMEOUT_S)
         self.lock = threading.Lock()
         self.requests = 0
+        self.users = 0  # threads between taking it from the registry and their reply: not evicted
 
     def fork_kernel(self, argv: list[str], env: dict[str, str], cwd: str) -> int:
         """The pid of a kernel forked with these arguments (after ``-m``'s module and its
@@ -138,7 +142,11 @@ class KernelTemplate:
                 if reply.get("id") != self.requests:
                     raise ValueError(f"the reply answers request {reply.get('id')}, not {self.requests}")
                 if "pid" in reply:
-                    self.socket.sendall(ACK)
+                    try:
+                        self.socket.sendall(ACK)
+                    except BaseException:  # the ACK may have gone: the kernel is this process's to end
+                        _end(reply["pid"])
+                        raise
         except (OSError, ValueError) as e:
             self.close()
             code = self.process.returncode
@@ -160,6 +168,8 @@ class KernelTemplate:
             if not more:
                 raise OSError("it closed its socket")
             data += more
+        if len(data) != 8 + int(data[:8]):
+            raise ValueError("it said more than one reply")
         return json.loads(data[8:])
 
     def alive(self) -> bool:
@@ -207,23 +217,26 @@ def fork_kernel(preload: tuple[str, ...], argv: list[str], env: dict[str, str], 
     # it as it loads (IPKernelApp.parent_handle's default); the other JPY_* are each kernel's
     own = {k: v for k, v in env.items() if not k.startswith("JPY_") or k == "JPY_PARENT_PID"}
     key = (preload, cwd, tuple(sorted(own.items())))
+    closing = []
     with _templates_lock:
         if key in _failed:
             raise TemplateFailed("the kernel template failed before", noted=True)
         t = _templates.pop(key, None)
         if t is None or not t.alive():
             if t is not None:
-                t.close()
-            # the least recently used first, not one another thread is waiting on
-            idle = [k for k, other in _templates.items() if not other.lock.locked()]
-            for k in idle[:max(0, len(_templates) - MAX_TEMPLATES + 1)]:
-                _templates.pop(k).close()
+                closing.append(t)
+            # the least recently used first, none that another thread is using
+            idle = [k for k, other in _templates.items() if other.users == 0]
+            closing += [_templates.pop(k) for k in idle[:max(0, len(_templates) - MAX_TEMPLATES + 1)]]
             try:
                 t = KernelTemplate(preload, own, cwd)
             except TemplateFailed:
                 _failed.add(key)
                 raise
         _templates[key] = t
+        t.users += 1
+    for old in closing:  # outside the lock: a close may wait for its template to exit
+        old.close()
     try:
         return t.fork_kernel(argv, env, cwd)
     except TemplateFailed:
@@ -233,19 +246,32 @@ def fork_kernel(preload: tuple[str, ...], argv: list[str], env: dict[str, str], 
                 del _templates[key]
         t.close()
         raise
+    finally:
+        with _templates_lock:
+            t.users -= 1
 
 
 _dropped: list[int] = []  # kernels whose ForkedKernel went away before reaping them
 
 
 def _reap_dropped() -> None:
-    for pid in list(_dropped):
-        try:
-            done, _ = os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            done = pid
-        if done:
-            _dropped.remove(pid)
+    with _templates_lock:
+        for pid in list(_dropped):
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                done = pid
+            if done:
+                _dropped.remove(pid)
+
+
+def _end(pid: int) -> None:
+    """Kill a kernel this process will not manage, and reap it later."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    _dropped.append(pid)
 
 
 class ForkedKernel:
