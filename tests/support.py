@@ -18,6 +18,27 @@ TINY_CELLS = [
 TINY_PROFILES = "tiny:\n  quick: {x: 3}\n  paper: {x: 5}\n"
 
 
+def loading(cells) -> list:
+    """The cells with an import of a library the runner's kernel loads first, after the
+    parameters: their kernel is forked from a template (book.templates), where one serves."""
+    return [cells[0], ("code", "import numpy", []), *cells[1:]]
+
+
+def forked_kernels(monkeypatch) -> list:
+    """The pids of the kernels forked from a template from now on, in order (a spy)."""
+    from attention_dynamics.book import templates
+
+    pids: list = []
+    real = templates.fork_kernel
+
+    def spy(*args, **kwargs):
+        pids.append(real(*args, **kwargs))
+        return pids[-1]
+
+    monkeypatch.setattr(templates, "fork_kernel", spy)
+    return pids
+
+
 def make_root(tmp_path: Path, cells=TINY_CELLS, name: str = "tiny", profiles: str | None = None) -> Path:
     """A repository root holding notebooks/NAME.ipynb and its profiles (quick: x = 3, paper: x = 5)."""
     nb = nbformat.v4.new_notebook()

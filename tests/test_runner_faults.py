@@ -20,7 +20,7 @@ from attention_dynamics.book.cli import main
 from attention_dynamics.book.execution import execute
 from attention_dynamics.book.jobs import NotebookFailed, make_grid_jobs, make_jobs
 from attention_dynamics.book.scheduling import run_jobs
-from support import TINY_CELLS, footer_commands, make_root, papermill_parameters
+from support import TINY_CELLS, footer_commands, forked_kernels, loading, make_root, papermill_parameters
 
 def run_main(monkeypatch, capsys, root, *argv):
     """The command line, from the root of a (temporary) repository."""
@@ -133,21 +133,7 @@ KERNELS = ["plain", "forked"]
 
 
 def _cells(kernel: str, cells=TINY_CELLS) -> list:
-    return [cells[0], ("code", "import numpy", []), *cells[1:]] if kernel == "forked" else list(cells)
-
-
-def _forked(monkeypatch) -> list:
-    from attention_dynamics.book import templates
-
-    pids: list = []
-    real = templates.fork_kernel
-
-    def spy(*args, **kwargs):
-        pids.append(real(*args, **kwargs))
-        return pids[-1]
-
-    monkeypatch.setattr(templates, "fork_kernel", spy)
-    return pids
+    return loading(cells) if kernel == "forked" else list(cells)
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
@@ -155,7 +141,7 @@ def test_a_kernel_that_dies_as_it_starts_is_started_again(tmp_path, monkeypatch,
     root = make_root(tmp_path, _cells(kernel))
     out = tmp_path / "out"
     calls = _kernels_that_die_at_start(monkeypatch, held_port, deaths=1)
-    forked = _forked(monkeypatch)
+    forked = forked_kernels(monkeypatch)
     (job,) = make_jobs(root, "quick", out_dir=out)
     r = execute(job)
     assert len(calls) == 2 and r.status == "ran" and r.record["values"] == {"double": 6}
@@ -174,7 +160,7 @@ def test_a_kernel_that_keeps_dying_and_a_failing_cell_are_not_started_again(tmp_
     root = make_root(tmp_path, _cells(kernel))
     out = tmp_path / "out"
     calls = _kernels_that_die_at_start(monkeypatch, held_port, deaths=KERNEL_START_ATTEMPTS)
-    forked = _forked(monkeypatch)
+    forked = forked_kernels(monkeypatch)
     (job,) = make_jobs(root, "quick", out_dir=out)
     with pytest.raises(NotebookFailed, match="notebook 'tiny' failed.*Kernel died before replying to kernel_info"):
         execute(job)
@@ -198,7 +184,7 @@ def test_a_kernel_that_dies_in_a_cell_is_not_started_again(tmp_path, monkeypatch
     cells = _cells(kernel, [TINY_CELLS[0], ("code", f"import os, signal\n{death}", [])])
     root = make_root(tmp_path, cells=cells)
     calls = _kernels_that_die_at_start(monkeypatch, held_port, deaths=0)
-    forked = _forked(monkeypatch)
+    forked = forked_kernels(monkeypatch)
     (job,) = make_jobs(root, "quick", out_dir=tmp_path / "out")
     with pytest.raises(NotebookFailed, match="notebook 'tiny' failed.*DeadKernelError"):
         execute(job)

@@ -18,12 +18,12 @@ from attention_dynamics.book import templates
 from attention_dynamics.book.execution import execute
 from attention_dynamics.book.jobs import make_jobs
 from attention_dynamics.book.templates import ForkedKernel, KernelTemplate
-from support import TINY_CELLS, make_root
+from support import TINY_CELLS, forked_kernels, loading, make_root
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="templates serve on Linux only")
 
 # a notebook that imports a library the runner's kernel loads first: its kernel is forked
-LOADING_CELLS = [TINY_CELLS[0], ("code", "import numpy", []), *TINY_CELLS[1:]]
+LOADING_CELLS = loading(TINY_CELLS)
 
 
 def _child(code: str) -> int:
@@ -189,15 +189,16 @@ def test_an_interrupted_request_closes_the_template_which_kills_its_kernel(tmp_p
     killed, not left to run unmanaged, and the next chapter gets a template of its own."""
     monkeypatch.setattr(templates, "_templates", {})
     root = make_root(tmp_path, LOADING_CELLS)
-    real = KernelTemplate._read_reply
+    real = templates.read_message
     seen = []
 
-    def interrupted(self):
-        seen.append(self.process.pid)
-        seen.append(real(self)["pid"])  # the kernel is forked and its pid read, not acknowledged
+    def interrupted(sock):
+        (t,) = templates._templates.values()
+        seen.append(t.process.pid)
+        seen.append(real(sock)["pid"])  # the kernel is forked and its pid read, not acknowledged
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(KernelTemplate, "_read_reply", interrupted)
+    monkeypatch.setattr(templates, "read_message", interrupted)
     (job,) = make_jobs(root, "quick", out_dir=tmp_path / "out0")
     before = _forked_here()  # other tests' templates, which live on
     with pytest.raises(KeyboardInterrupt):
@@ -207,7 +208,7 @@ def test_an_interrupted_request_closes_the_template_which_kills_its_kernel(tmp_p
     while (not _gone(template) or _forked_here() - before) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert _gone(template) and _gone(kernel) and _forked_here() - before == set()
-    monkeypatch.setattr(KernelTemplate, "_read_reply", real)
+    monkeypatch.setattr(templates, "read_message", real)
     (job,) = make_jobs(root, "quick", out_dir=tmp_path / "out1")
     assert execute(job).record["values"] == {"double": 6}
     # an interruption is not a failure: the environment gets a template again
@@ -221,12 +222,11 @@ def test_a_large_environment_reaches_the_kernel_whole(tmp_path, monkeypatch):
     monkeypatch.setattr(templates, "_templates", {})
     for i in range(4):
         monkeypatch.setenv(f"LARGE{i}", "x" * 100_000)
-    cells = [TINY_CELLS[0], ("code", "import numpy, os", []), *TINY_CELLS[1:-1],
-             ("code", "rec['double'] = 2 * x + offset\n"
-                      "rec['large'] = sum(len(v) for k, v in os.environ.items() if k.startswith('LARGE'))\nrec.save()", [])]
-    pids = []
-    real = templates.fork_kernel
-    monkeypatch.setattr(templates, "fork_kernel", lambda *a: pids.append(real(*a)) or pids[-1])
+    cells = loading([*TINY_CELLS[:-1],
+                     ("code", "import os\nrec['double'] = 2 * x + offset\n"
+                              "rec['large'] = sum(len(v) for k, v in os.environ.items() if k.startswith('LARGE'))\n"
+                              "rec.save()", [])])
+    pids = forked_kernels(monkeypatch)
     (job,) = make_jobs(make_root(tmp_path, cells), "quick", out_dir=tmp_path / "out")
     assert execute(job).record["values"] == {"double": 6, "large": 400_000} and len(pids) == 1
 

@@ -30,14 +30,17 @@ Only the standard library is imported before ipykernel's own start, as in its la
 request that arrives on the Unix socket FD (:mod:`attention_dynamics.book.templates`, the
 runner's side, sends them), so that the chapters after a worker's first start in a fraction
 of a second instead of two. A forked kernel is what the kernel above would be: it takes the
-request's environment, working folder, arguments and standard streams, and the two things
-its libraries would have seen had they loaded after ipykernel set itself up are put as they
-would be (the inline backend where nothing set ``MPLBACKEND``, the warnings filters the
-libraries add, in front of ipykernel's, and the logging handlers they make writing to
-ipykernel's streams); numpy's global random state, PyTorch's default generator and
-multiprocessing's key are drawn afresh, as a fresh import draws them. The template forks twice and the middle process exits, so that the
-kernel becomes a child of the runner's process (a Linux "child subreaper", set by the runner),
-which starts, signals, waits for and reads the exit status of it as of any kernel it starts.
+request's environment, working folder, arguments and standard streams, and what its
+libraries would have seen had they loaded after ipykernel set itself up is put as it would
+be: the environment ipykernel sets (the inline backend where nothing set ``MPLBACKEND``,
+the shell's ``TERM``, ``PAGER``...), a ``get_ipython`` whose shell has a kernel, output
+streams with OutStream's encoding that are no terminal, the warnings filters the libraries
+add in front of ipykernel's, and the logging handlers they make writing to ipykernel's
+streams. numpy's global random state, PyTorch's default generator and multiprocessing's key
+are drawn afresh, as a fresh import draws them. The template forks twice and the middle
+process exits, so that the kernel becomes a child of the runner's process (a Linux "child
+subreaper", set by the runner), which starts, signals, waits for and reads the exit status
+of it as of any kernel it starts.
 """
 from __future__ import annotations
 
@@ -47,7 +50,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
-__all__ = ["ACK", "PRELOADED", "KERNEL_MODULE", "PRELOAD_FLAG", "TEMPLATE_FLAG", "main"]
+__all__ = ["ACK", "PRELOADED", "KERNEL_MODULE", "PRELOAD_FLAG", "TEMPLATE_FLAG", "main", "message_head",
+           "read_message"]
 
 KERNEL_MODULE = "attention_dynamics.book.kernel"
 PRELOAD_FLAG = "--preload"
@@ -137,7 +141,8 @@ def main() -> None:
 def _serve(fd: int, names: list[str]):
     """Load the libraries as a kernel that had started would, then fork a kernel per
     request: returns, in the forked kernel only, (request, its standard streams, the warnings
-    filters to restore, those to put in front); in the template, None when the socket closes."""
+    filters to restore, those to put in front, the logging handlers to point at ipykernel's
+    streams); in the template, None when the socket closes or a kernel is not taken."""
     import builtins
     import os
     import signal
@@ -194,7 +199,7 @@ def _serve(fd: int, names: list[str]):
         request, streams = got
         kernel = None
         try:
-            kernel = _fork_kernel(sock, streams)
+            kernel = _fork_kernel(sock)
         except OSError as e:
             try:
                 _reply(sock, {"id": request["id"], "error": f"fork failed: {e}"})
@@ -219,7 +224,7 @@ def _serve(fd: int, names: list[str]):
                 return None
 
 
-def _fork_kernel(sock, streams) -> int:
+def _fork_kernel(sock) -> int:
     """Fork twice: 0 in the kernel, its pid in the template. The middle process exits at once,
     so that the kernel is adopted by the runner's process, a child subreaper."""
     import os
@@ -323,35 +328,43 @@ def _become_kernel(request: dict, streams: list[int], filters: list, libraries_f
     app.start()
 
 
-# --- the socket: a request is a length and JSON, with the kernel's three standard streams ---
+# --- the socket: a message is its length in 8 digits, then JSON; a request carries the ------
+# --- kernel's three standard streams on its length ---------------------------------------
+
+def message_head(body: bytes) -> bytes:
+    return b"%08d" % len(body)
+
+
+def read_message(sock, head: bytes = b"") -> dict | None:
+    """The next message whole (``head``: what of it was read already), None at the end."""
+    import json
+
+    def exactly(n: int, got: bytes) -> bytes | None:
+        while len(got) < n:
+            more = sock.recv(n - len(got))
+            if not more:
+                return None
+            got += more
+        return got
+
+    head = exactly(8, head)
+    body = None if head is None else exactly(int(head), b"")
+    return None if body is None else json.loads(body)
+
 
 def _receive(sock):
-    import json
     import socket
 
     head, fds, _, _ = socket.recv_fds(sock, 8, 3)
-    if not head:
-        return None
-    while len(head) < 8:
-        more = sock.recv(8 - len(head))
-        if not more:
-            return None
-        head += more
-    size = int(head.decode())
-    body = b""
-    while len(body) < size:
-        more = sock.recv(size - len(body))
-        if not more:
-            return None
-        body += more
-    return json.loads(body), list(fds)
+    request = read_message(sock, head) if head else None
+    return None if request is None else (request, list(fds))
 
 
 def _reply(sock, message: dict) -> None:
     import json
 
     body = json.dumps(message).encode()
-    sock.sendall(b"%08d" % len(body) + body)
+    sock.sendall(message_head(body) + body)
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ import time
 
 from jupyter_client.provisioning import LocalProvisioner
 
-from .kernel import ACK, KERNEL_MODULE, PRELOAD_FLAG, TEMPLATE_FLAG
+from .kernel import ACK, KERNEL_MODULE, PRELOAD_FLAG, TEMPLATE_FLAG, message_head, read_message
 
 __all__ = ["ChapterProvisioner", "ForkedKernel", "KernelTemplate", "MAX_TEMPLATES", "fork_kernel", "templates_enabled"]
 
@@ -136,9 +136,11 @@ class KernelTemplate:
                 request = json.dumps({"id": self.requests, "argv": argv, "env": env, "cwd": cwd,
                                       "parent": os.getpid()}).encode()
                 # the fds ride on the length alone, which always fits; the rest may take many sends
-                socket.send_fds(self.socket, [b"%08d" % len(request)], [r, 1, 2])
+                socket.send_fds(self.socket, [message_head(request)], [r, 1, 2])
                 self.socket.sendall(request)
-                reply = self._read_reply()
+                reply = read_message(self.socket)
+                if reply is None:
+                    raise OSError("it closed its socket")
                 if reply.get("id") != self.requests:
                     raise ValueError(f"the reply answers request {reply.get('id')}, not {self.requests}")
                 if "pid" in reply:
@@ -160,17 +162,6 @@ class KernelTemplate:
         if "pid" not in reply:
             raise TemplateFailed(f"the kernel template could not fork a kernel: {reply.get('error')}")
         return reply["pid"]
-
-    def _read_reply(self) -> dict:
-        data = b""
-        while len(data) < 8 or len(data) < 8 + int(data[:8]):
-            more = self.socket.recv(65536)
-            if not more:
-                raise OSError("it closed its socket")
-            data += more
-        if len(data) != 8 + int(data[:8]):
-            raise ValueError("it said more than one reply")
-        return json.loads(data[8:])
 
     def alive(self) -> bool:
         return self.process.poll() is None and self.socket.fileno() >= 0
