@@ -8,6 +8,10 @@ side by side in this one process, in milliseconds per seed-step.
 - the five seeds as one batched model (torch.func.stack_module_state + vmap, gradients
   only, no optimizer step: a lower bound of its cost).
 
+Each contender's rate is its counted work (flop_per_seed_step) over its time, against a
+float32 matmul (1024^3) measured in this run with the same threads: the share of the
+machine's matmul peak the deep variant reaches.
+
 A benchmark, not a test: timings depend on the machine; the ratios are what count.
 
     .venv/bin/python benchmarks/deep_variant_speed.py            # 3 steps per contender
@@ -29,8 +33,23 @@ from attention_dynamics.machine import cpu_model
 from attention_dynamics.tasks import sticky_chain as sc
 from attention_dynamics.transformer import CausalTransformer, TransformerConfig
 
+from sticky_chain_speed import matmul_gflops  # noqa: E402  (this folder is the script's sys.path[0])
+
 CFG = TransformerConfig(n_out=8, d_model=64, n_layers=4, n_heads=4, d_ff=256, dropout=0.1, input="linear", d_in=20)
 T, N_SEEDS = 1999, len(sc.SEEDS)  # the protocol's sequence length, the five seeds
+
+
+def flop_per_seed_step(cfg: TransformerConfig, T: int) -> float:
+    """Floating-point operations (a multiply-add counts 2) counted for one training step of
+    one seed: the model's matrix products as it writes them, each visible (query, key) pair
+    once (the scores q.k and the read-out alpha v: 2 x 2 d_model per pair, over the heads),
+    three times over (the backward pass makes two products for each: the gradients of its
+    input and of its weight), except the input map's, twice (x is data: its gradient is not
+    needed). Not counted: softmax, the layer norms, GELU, dropout and AdamW, O(T d) each.
+    tests/test_speed_profile.py checks it against PyTorch's own count."""
+    d, pairs = cfg.d_model, T * (T + 1) / 2
+    layer = 2 * T * d * 4 * d + 2 * 2 * T * d * cfg.d_ff + 2 * 2 * pairs * d  # q, k, v, proj; ff; scores, read-out
+    return 3 * (cfg.n_layers * layer + 2 * T * d * cfg.n_out) + 2 * 2 * T * cfg.d_in * d
 
 
 def models() -> list[CausalTransformer]:
@@ -94,9 +113,10 @@ def main() -> None:
     if args.steps < 1:
         ap.error(f"--steps must be >= 1, got {args.steps}")
     x, y = torch.randn(N_SEEDS, 1, T, 20), torch.randint(0, 8, (N_SEEDS, 1, T))
-    res = {}
+    res, peak = {}, {}
     for threads in (1, 2):
         torch.set_num_threads(threads)
+        peak[threads] = matmul_gflops(threads)
         with attention_through(True):
             res[f"compiled attention, {threads} thread(s)"] = serial(x, y, args.steps)
         with attention_through(False):
@@ -106,10 +126,15 @@ def main() -> None:
     # Function: checks off, SDPA
     with attention_through(False), mock.patch.object(tr, "check_model_input", lambda *a, **k: None):
         res["vmap over the 5 seeds (SDPA, gradients only), 1 thread"] = batched(x, y, args.steps)
-    print(f"CPU: {cpu_model()}; T = {T}, {N_SEEDS} seeds, {args.steps} timed steps each")
+    flop = flop_per_seed_step(CFG, T)
+    print(f"CPU: {cpu_model()}; T = {T}, {N_SEEDS} seeds, {args.steps} timed steps each; "
+          f"{flop / 1e9:.2f} GFLOP of counted work per seed-step; float32 matmul (1024^3) here: "
+          f"{peak[1]:.1f} GFLOP/s with 1 thread, {peak[2]:.1f} with 2")
     base = res["PyTorch SDPA, 1 thread(s)"]
     for k, v in res.items():
-        print(f"{k:58s} {1000 * v:7.1f} ms per seed-step   {base / v:5.2f}x SDPA with 1 thread")
+        threads = 2 if "2 thread" in k else 1
+        print(f"{k:58s} {1000 * v:7.1f} ms per seed-step   {base / v:5.2f}x SDPA with 1 thread   "
+              f"{flop / v / 1e9:5.1f} GFLOP/s, {100 * flop / v / 1e9 / peak[threads]:3.0f}% of the matmul peak")
     chosen, why = native.choice_reason("causal_attention")
     ratio = res["PyTorch SDPA, 1 thread(s)"] / res["compiled attention, 1 thread(s)"]
     print(f"whole seed-steps here, SDPA / kernel with 1 thread: {ratio:.2f}x; the library's choice on this "

@@ -19,6 +19,10 @@ speed = importlib.util.module_from_spec(spec)
 sys.modules["sticky_chain_speed"] = speed  # its dataclasses look their module up
 spec.loader.exec_module(speed)
 
+spec = importlib.util.spec_from_file_location("deep_variant_speed", ROOT / "benchmarks" / "deep_variant_speed.py")
+deep = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(deep)
+
 SIZES = dict(block=64, positions=1999, head=(20, 10, 15, 8, 9))
 
 
@@ -250,3 +254,37 @@ def test_the_counted_work_is_the_blocked_steps_products_where_no_pair_is_masked(
     counted = 2 * speed.flop_per_run_step(T, 20, 10, 15, 8)  # two runs
     assert made == pytest.approx(counted + 2 * T * (T + 1), rel=1e-12)
     assert speed.flop_per_run_step(1999, 20, 10, 15, 8) == pytest.approx(223.0e6, rel=5e-4)  # the printed 223 MFLOP
+
+
+def _attention_in_plain_products(q, k, v, compiled=None):
+    """Causal attention as two batched products PyTorch's flop counter sees (it does not count
+    its fused CPU attention), every (query, key) pair computed and the masked ones dropped."""
+    scores = (q @ k.transpose(-2, -1)) / q.shape[-1] ** 0.5
+    masked = torch.ones(q.shape[-2], q.shape[-2], dtype=torch.bool).triu(1)
+    return torch.softmax(scores.masked_fill(masked, float("-inf")), dim=-1) @ v
+
+
+@pytest.mark.parametrize("T, d_model, heads, layers", [(9, 8, 2, 2), (16, 12, 3, 1), (5, 4, 1, 3)])
+def test_the_deep_variants_counted_work_is_pytorchs_count_with_each_visible_pair_once(T, d_model, heads, layers):
+    """deep_variant_speed.flop_per_seed_step against PyTorch's flop counter over one step's
+    forward and backward passes, attention written as plain products: the same products,
+    except that those count every (query, key) pair, the T (T - 1) / 2 masked ones too."""
+    from unittest import mock
+
+    from torch.utils.flop_counter import FlopCounterMode
+
+    import attention_dynamics.transformer as tr
+
+    cfg = tr.TransformerConfig(n_out=3, d_model=d_model, n_layers=layers, n_heads=heads, d_ff=2 * d_model + 1,
+                               dropout=0.0, input="linear", d_in=5)
+    torch.manual_seed(0)
+    model = tr.CausalTransformer(cfg)
+    x, y = torch.randn(1, T, 5), torch.randint(0, 3, (1, T))
+    with mock.patch.object(tr, "causal_attention", _attention_in_plain_products), \
+            FlopCounterMode(display=False) as counter:
+        torch.nn.functional.cross_entropy(model(x)[0].reshape(-1, 3), y.reshape(-1)).backward()
+    counts = {str(op): v for op, v in counter.get_flop_counts()["Global"].items()}
+    attention = counts.pop("aten.bmm")  # the scores and the read-out, forward and backward
+    assert set(counts) == {"aten.addmm", "aten.mm"}, counts
+    visible = attention * (T + 1) / (2 * T)
+    assert deep.flop_per_seed_step(cfg, T) == pytest.approx(sum(counts.values()) + visible, rel=1e-12)
