@@ -8,9 +8,17 @@ side by side in this one process, in milliseconds per seed-step.
 - the five seeds as one batched model (torch.func.stack_module_state + vmap, gradients
   only, no optimizer step: a lower bound of its cost).
 
-Each contender's rate is its counted work (flop_per_seed_step) over its time, against a
-float32 matmul (1024^3) measured in this run with the same threads: the share of the
-machine's matmul peak the deep variant reaches.
+Each contender's rate is its counted work (flop_per_seed_step: the model's FLOP, no
+recomputation, no masked pair) over its time, against a float32 matmul (1024^3) measured in
+this run with the same threads, the highest of a measurement before and one after the
+contenders: the share of the machine's matmul peak the deep variant reaches. Both attention
+paths make more than is counted (their backward passes compute the scores again: about 7/6
+of attention's counted products), so the share understates how busy the machine's
+arithmetic units are. Most of the counted work is in products of the heads' width (16),
+which no BLAS runs at the rate of a square matmul: the rates of products of the model's
+own shapes, timed the same way, are printed beside the peak (a layer's scores made whole
+as one batched product write T x T numbers per head, and run at the memory's pace: what a
+fused attention, which never writes them, is spared).
 
 A benchmark, not a test: timings depend on the machine; the ratios are what count.
 
@@ -33,23 +41,41 @@ from attention_dynamics.machine import cpu_model
 from attention_dynamics.tasks import sticky_chain as sc
 from attention_dynamics.transformer import CausalTransformer, TransformerConfig
 
-from sticky_chain_speed import matmul_gflops  # noqa: E402  (this folder is the script's sys.path[0])
+from sticky_chain_speed import matmul_gflops, product_gflops  # noqa: E402  (this folder is the script's sys.path[0])
 
 CFG = TransformerConfig(n_out=8, d_model=64, n_layers=4, n_heads=4, d_ff=256, dropout=0.1, input="linear", d_in=20)
 T, N_SEEDS = 1999, len(sc.SEEDS)  # the protocol's sequence length, the five seeds
 
 
-def flop_per_seed_step(cfg: TransformerConfig, T: int) -> float:
+def flop_parts(cfg: TransformerConfig, T: int) -> dict[str, float]:
     """Floating-point operations (a multiply-add counts 2) counted for one training step of
-    one seed: the model's matrix products as it writes them, each visible (query, key) pair
-    once (the scores q.k and the read-out alpha v: 2 x 2 d_model per pair, over the heads),
-    three times over (the backward pass makes two products for each: the gradients of its
-    input and of its weight), except the input map's, twice (x is data: its gradient is not
-    needed). Not counted: softmax, the layer norms, GELU, dropout and AdamW, O(T d) each.
-    tests/test_speed_profile.py checks it against PyTorch's own count."""
+    one seed, in two parts: "attention", the scores q.k and the read-out alpha v, each visible
+    (query, key) pair once (2 x 2 d_model per pair, over the heads); "dense", the linear maps
+    (q, k, v and the output projection, the feed-forward pair, the input and output maps).
+    Each product three times over (the backward pass makes two: the gradients of each
+    operand), except the input map's, twice (x is data: its gradient is not needed). Not
+    counted: the softmax's exponentials, O(T^2 H) per layer; the layer norms, GELU and
+    dropout, O(T d); AdamW, O(parameters); and what a path computes again in its backward
+    pass or for masked pairs. tests/test_speed_profile.py checks the sum against PyTorch's
+    own count."""
     d, pairs = cfg.d_model, T * (T + 1) / 2
-    layer = 2 * T * d * 4 * d + 2 * 2 * T * d * cfg.d_ff + 2 * 2 * pairs * d  # q, k, v, proj; ff; scores, read-out
-    return 3 * (cfg.n_layers * layer + 2 * T * d * cfg.n_out) + 2 * 2 * T * cfg.d_in * d
+    layer = 2 * T * d * 4 * d + 2 * 2 * T * d * cfg.d_ff  # q, k, v, proj; ff
+    return {"attention": 3 * cfg.n_layers * 2 * 2 * pairs * d,
+            "dense": 3 * (cfg.n_layers * layer + 2 * T * d * cfg.n_out) + 2 * 2 * T * cfg.d_in * d}
+
+
+def flop_per_seed_step(cfg: TransformerConfig, T: int) -> float:
+    """The counted work of one seed-step: the sum of :func:`flop_parts`."""
+    return sum(flop_parts(cfg, T).values())
+
+
+def own_shapes(cfg: TransformerConfig, T: int) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
+    """Products of the model's own shapes: a layer's scores over all its heads (every pair,
+    as a batched product makes them), a linear map of width d_model, the feed-forward's first."""
+    h, d = cfg.n_heads, cfg.d_model
+    return {f"scores ({h} x {T} x {d // h}) @ ({h} x {d // h} x {T})": ((h, T, d // h), (h, d // h, T)),
+            f"linear ({T} x {d}) @ ({d} x {d})": ((T, d), (d, d)),
+            f"feed-forward ({T} x {d}) @ ({d} x {cfg.d_ff})": ((T, d), (d, cfg.d_ff))}
 
 
 def models() -> list[CausalTransformer]:
@@ -113,10 +139,11 @@ def main() -> None:
     if args.steps < 1:
         ap.error(f"--steps must be >= 1, got {args.steps}")
     x, y = torch.randn(N_SEEDS, 1, T, 20), torch.randint(0, 8, (N_SEEDS, 1, T))
-    res, peak = {}, {}
+    res, peak, shapes = {}, {}, {}
     for threads in (1, 2):
         torch.set_num_threads(threads)
-        peak[threads] = matmul_gflops(threads)
+        peak[threads] = [matmul_gflops(threads)]
+        shapes[threads] = {name: product_gflops(*ab) for name, ab in own_shapes(CFG, T).items()}
         with attention_through(True):
             res[f"compiled attention, {threads} thread(s)"] = serial(x, y, args.steps)
         with attention_through(False):
@@ -126,10 +153,19 @@ def main() -> None:
     # Function: checks off, SDPA
     with attention_through(False), mock.patch.object(tr, "check_model_input", lambda *a, **k: None):
         res["vmap over the 5 seeds (SDPA, gradients only), 1 thread"] = batched(x, y, args.steps)
-    flop = flop_per_seed_step(CFG, T)
+    for threads in (1, 2):  # the peak again after the contenders: a slow spell at the start would lower it
+        torch.set_num_threads(threads)
+        peak[threads] = max(peak[threads] + [matmul_gflops(threads)])
+    torch.set_num_threads(1)
+    parts = flop_parts(CFG, T)
+    flop = sum(parts.values())
     print(f"CPU: {cpu_model()}; T = {T}, {N_SEEDS} seeds, {args.steps} timed steps each; "
-          f"{flop / 1e9:.2f} GFLOP of counted work per seed-step; float32 matmul (1024^3) here: "
-          f"{peak[1]:.1f} GFLOP/s with 1 thread, {peak[2]:.1f} with 2")
+          f"{flop / 1e9:.2f} GFLOP of counted work (the model's FLOP) per seed-step, "
+          f"{100 * parts['attention'] / flop:.0f}% of it in attention's products")
+    for threads in (1, 2):
+        own = ", ".join(f"{name} {rate:.1f}" for name, rate in shapes[threads].items())
+        print(f"  {threads} thread(s): float32 matmul (1024^3) {peak[threads]:.1f} GFLOP/s (the higher of a "
+              f"measurement before and one after the contenders); the model's own shapes: {own}")
     base = res["PyTorch SDPA, 1 thread(s)"]
     for k, v in res.items():
         threads = 2 if "2 thread" in k else 1

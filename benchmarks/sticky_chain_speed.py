@@ -116,16 +116,24 @@ def flop_per_run_step(T: int, d_x: int, d_k: int, d_v: int, C: int) -> float:
 def matmul_gflops(threads: int, n: int = 1024, repeats: int = 20) -> float:
     """The float32 matmul rate of this machine with the threads set: the best of ``repeats``
     timed products, after 3 untimed ones."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
+    return product_gflops((n, n), (n, n), repeats)
+
+
+def product_gflops(a_shape: tuple[int, ...], b_shape: tuple[int, ...], repeats: int = 20) -> float:
+    """The rate of a float32 product (torch.matmul, batched where the shapes have three
+    dimensions) of these shapes with the threads set: the best of ``repeats`` timed, after 3
+    untimed."""
+    a, b = torch.randn(*a_shape), torch.randn(*b_shape)
     best = float("inf")
     with torch.no_grad():
         for _ in range(3):
-            torch.mm(a, b)
+            torch.matmul(a, b)
         for _ in range(repeats):
             start = time.perf_counter()
-            torch.mm(a, b)
+            torch.matmul(a, b)
             best = min(best, time.perf_counter() - start)
-    return 2 * n**3 / best / 1e9
+    batch = a_shape[0] if len(a_shape) == 3 else 1
+    return 2 * batch * a_shape[-2] * a_shape[-1] * b_shape[-1] / best / 1e9
 
 
 def time_fast(seeds, seq_len, steps, block, native):

@@ -264,27 +264,36 @@ def _attention_in_plain_products(q, k, v, compiled=None):
     return torch.softmax(scores.masked_fill(masked, float("-inf")), dim=-1) @ v
 
 
-@pytest.mark.parametrize("T, d_model, heads, layers", [(9, 8, 2, 2), (16, 12, 3, 1), (5, 4, 1, 3)])
-def test_the_deep_variants_counted_work_is_pytorchs_count_with_each_visible_pair_once(T, d_model, heads, layers):
-    """deep_variant_speed.flop_per_seed_step against PyTorch's flop counter over one step's
-    forward and backward passes, attention written as plain products: the same products,
-    except that those count every (query, key) pair, the T (T - 1) / 2 masked ones too."""
+_SMALL = dict(n_out=3, dropout=0.0, input="linear", d_in=5)
+
+
+@pytest.mark.parametrize("T, cfg", [
+    (9, dict(_SMALL, d_model=8, n_layers=2, n_heads=2, d_ff=17)),
+    (16, dict(_SMALL, d_model=12, n_layers=1, n_heads=3, d_ff=25)),
+    (5, dict(_SMALL, d_model=4, n_layers=3, n_heads=1, d_ff=9)),
+    (40, "the benchmark's"),  # its own model, at a short sequence: T enters only as T and T (T + 1) / 2
+], ids=["small-a", "small-b", "small-c", "benchmark"])
+def test_the_deep_variants_counted_work_is_pytorchs_count_with_each_visible_pair_once(T, cfg):
+    """deep_variant_speed.flop_parts against PyTorch's flop counter over one step's forward
+    and backward passes, attention written as plain products: the same products, except that
+    those count every (query, key) pair, the T (T - 1) / 2 masked ones too."""
     from unittest import mock
 
     from torch.utils.flop_counter import FlopCounterMode
 
     import attention_dynamics.transformer as tr
 
-    cfg = tr.TransformerConfig(n_out=3, d_model=d_model, n_layers=layers, n_heads=heads, d_ff=2 * d_model + 1,
-                               dropout=0.0, input="linear", d_in=5)
+    cfg = deep.CFG if cfg == "the benchmark's" else tr.TransformerConfig(**cfg)
     torch.manual_seed(0)
     model = tr.CausalTransformer(cfg)
-    x, y = torch.randn(1, T, 5), torch.randint(0, 3, (1, T))
+    x, y = torch.randn(1, T, cfg.d_in), torch.randint(0, cfg.n_out, (1, T))
     with mock.patch.object(tr, "causal_attention", _attention_in_plain_products), \
             FlopCounterMode(display=False) as counter:
-        torch.nn.functional.cross_entropy(model(x)[0].reshape(-1, 3), y.reshape(-1)).backward()
+        torch.nn.functional.cross_entropy(model(x)[0].reshape(-1, cfg.n_out), y.reshape(-1)).backward()
     counts = {str(op): v for op, v in counter.get_flop_counts()["Global"].items()}
     attention = counts.pop("aten.bmm")  # the scores and the read-out, forward and backward
     assert set(counts) == {"aten.addmm", "aten.mm"}, counts
-    visible = attention * (T + 1) / (2 * T)
-    assert deep.flop_per_seed_step(cfg, T) == pytest.approx(sum(counts.values()) + visible, rel=1e-12)
+    parts = deep.flop_parts(cfg, T)
+    assert parts["attention"] == pytest.approx(attention * (T + 1) / (2 * T), rel=1e-12)
+    assert parts["dense"] == pytest.approx(sum(counts.values()), rel=1e-12)
+    assert deep.flop_per_seed_step(cfg, T) == sum(parts.values())
