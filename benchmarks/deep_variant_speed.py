@@ -56,7 +56,7 @@ def flop_parts(cfg: TransformerConfig, T: int) -> dict[str, float]:
     operand), except the input map's, twice (x is data: its gradient is not needed). Not
     counted: the softmax's exponentials, O(T^2 H) per layer; the layer norms, GELU and
     dropout, O(T d); AdamW, O(parameters); and what a path computes again in its backward
-    pass or for masked pairs. tests/test_speed_profile.py checks the sum against PyTorch's
+    pass or for masked pairs. tests/test_speed_profile.py checks each part against PyTorch's
     own count."""
     d, pairs = cfg.d_model, T * (T + 1) / 2
     layer = 2 * T * d * 4 * d + 2 * 2 * T * d * cfg.d_ff  # q, k, v, proj; ff
