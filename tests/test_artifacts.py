@@ -100,6 +100,29 @@ def test_the_stores_plumbing_is_outside_every_key(root):
     assert [p.name for p in module_closure(["attention_dynamics.artifacts"])] == ["__init__.py"]
 
 
+def test_a_module_edited_within_a_process_is_read_anew(tmp_path, monkeypatch):
+    """Each module's imports are kept per process (sources._file_imports), looked up by its
+    text: an import added to a file, or taken out again, changes the closure at once."""
+    from attention_dynamics import sources
+
+    pkg = tmp_path / "attention_dynamics"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "b.py").write_text("y = 2\n")
+    a = pkg / "a.py"
+    monkeypatch.setattr(sources, "PACKAGE_DIR", pkg)
+
+    def closure() -> list[str]:
+        return [p.name for p in sources.module_closure(["attention_dynamics.a"])]
+
+    a.write_text("x = 1\n")
+    assert closure() == ["__init__.py", "a.py"]
+    a.write_text("def f():\n    from . import b\n")  # an import inside a function counts
+    assert closure() == ["__init__.py", "a.py", "b.py"]
+    a.write_text("x = 1\n")
+    assert closure() == ["__init__.py", "a.py"]
+
+
 def test_raising_the_store_format_makes_every_model_anew(tmp_path, monkeypatch):
     monkeypatch.setenv("ATTENTION_DYNAMICS_ARTIFACTS", str(tmp_path))
     calls = []
