@@ -152,9 +152,9 @@ def _reached(names, *, in_functions: bool, plumbing: bool) -> tuple[dict[str, Pa
 # A stored model's key reads the imports of some 20 modules. Parsing each text was its first
 # cost; once the parse was kept, walking each tree for its imports was most of the rest (the
 # modules of a wind-tunnel model's key found in 12 ms, 2 ms with the walk kept too, on an
-# Intel Xeon 6/167; a
-# quick book makes some 90 models, the suite many more): each text is parsed and walked once
-# per process, looked up by the text itself, so an edited file is read anew.
+# Intel Xeon 6/167; a quick book makes some 90 models, the suite many more): each text is
+# parsed and walked once per process, looked up by the text itself, so an edited file is
+# read anew.
 @functools.lru_cache(maxsize=2048)
 def _file_imports(text: str, dotted: str, in_functions: bool) -> frozenset[str]:
     """:func:`imported_modules` of a module's text (``dotted``: its own name)."""
