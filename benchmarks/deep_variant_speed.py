@@ -69,13 +69,23 @@ def flop_per_seed_step(cfg: TransformerConfig, T: int) -> float:
     return sum(flop_parts(cfg, T).values())
 
 
-def own_shapes(cfg: TransformerConfig, T: int) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
-    """Products of the model's own shapes: a layer's scores over all its heads (every pair,
-    as a batched product makes them), a linear map of width d_model, the feed-forward's first."""
-    h, d = cfg.n_heads, cfg.d_model
-    return {f"scores ({h} x {T} x {d // h}) @ ({h} x {d // h} x {T})": ((h, T, d // h), (h, d // h, T)),
-            f"linear ({T} x {d}) @ ({d} x {d})": ((T, d), (d, d)),
-            f"feed-forward ({T} x {d}) @ ({d} x {cfg.d_ff})": ((T, d), (d, cfg.d_ff))}
+def own_shapes(cfg: TransformerConfig, T: int, batch: int = 1) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
+    """Products of the model's own shapes for ``batch`` sequences of T positions: a layer's
+    scores over all its heads (every pair, as a batched product makes them), a linear map of
+    width d_model, the feed-forward's first."""
+    h, d, n, rows = cfg.n_heads, cfg.d_model, batch * cfg.n_heads, batch * T
+    return {f"scores ({n} x {T} x {d // h}) @ ({n} x {d // h} x {T})": ((n, T, d // h), (n, d // h, T)),
+            f"linear ({rows} x {d}) @ ({d} x {d})": ((rows, d), (d, d)),
+            f"feed-forward ({rows} x {d}) @ ({d} x {cfg.d_ff})": ((rows, d), (d, cfg.d_ff))}
+
+
+def attention_in_plain_products(q, k, v, compiled=None):
+    """Causal attention as two batched products PyTorch's flop counter sees (it does not count
+    its fused CPU attention), every (query, key) pair computed and the masked ones dropped:
+    its count of them is the visible pairs' over (T + 1) / (2 T)."""
+    scores = (q @ k.transpose(-2, -1)) / q.shape[-1] ** 0.5
+    masked = torch.ones(q.shape[-2], q.shape[-2], dtype=torch.bool).triu(1)
+    return torch.softmax(scores.masked_fill(masked, float("-inf")), dim=-1) @ v
 
 
 def models() -> list[CausalTransformer]:

@@ -21,7 +21,12 @@ spec.loader.exec_module(speed)
 
 spec = importlib.util.spec_from_file_location("deep_variant_speed", ROOT / "benchmarks" / "deep_variant_speed.py")
 deep = importlib.util.module_from_spec(spec)
+sys.modules["deep_variant_speed"] = deep  # wind_tunnel_speed imports from it
 spec.loader.exec_module(deep)
+
+spec = importlib.util.spec_from_file_location("wind_tunnel_speed", ROOT / "benchmarks" / "wind_tunnel_speed.py")
+wind = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(wind)
 
 SIZES = dict(block=64, positions=1999, head=(20, 10, 15, 8, 9))
 
@@ -256,14 +261,6 @@ def test_the_counted_work_is_the_blocked_steps_products_where_no_pair_is_masked(
     assert speed.flop_per_run_step(1999, 20, 10, 15, 8) == pytest.approx(223.0e6, rel=5e-4)  # the printed 223 MFLOP
 
 
-def _attention_in_plain_products(q, k, v, compiled=None):
-    """Causal attention as two batched products PyTorch's flop counter sees (it does not count
-    its fused CPU attention), every (query, key) pair computed and the masked ones dropped."""
-    scores = (q @ k.transpose(-2, -1)) / q.shape[-1] ** 0.5
-    masked = torch.ones(q.shape[-2], q.shape[-2], dtype=torch.bool).triu(1)
-    return torch.softmax(scores.masked_fill(masked, float("-inf")), dim=-1) @ v
-
-
 _SMALL = dict(n_out=3, dropout=0.0, input="linear", d_in=5)
 
 
@@ -287,7 +284,7 @@ def test_the_deep_variants_counted_work_is_pytorchs_count_with_each_visible_pair
     torch.manual_seed(0)
     model = tr.CausalTransformer(cfg)
     x, y = torch.randn(1, T, cfg.d_in), torch.randint(0, cfg.n_out, (1, T))
-    with mock.patch.object(tr, "causal_attention", _attention_in_plain_products), \
+    with mock.patch.object(tr, "causal_attention", deep.attention_in_plain_products), \
             FlopCounterMode(display=False) as counter:
         torch.nn.functional.cross_entropy(model(x)[0].reshape(-1, cfg.n_out), y.reshape(-1)).backward()
     counts = {str(op): v for op, v in counter.get_flop_counts()["Global"].items()}
@@ -297,3 +294,56 @@ def test_the_deep_variants_counted_work_is_pytorchs_count_with_each_visible_pair
     assert parts["attention"] == pytest.approx(attention * (T + 1) / (2 * T), rel=1e-12)
     assert parts["dense"] == pytest.approx(sum(counts.values()), rel=1e-12)
     assert deep.flop_per_seed_step(cfg, T) == sum(parts.values())
+
+
+@pytest.mark.parametrize("settings", [dict(V=4, L=3, d_model=8, n_layers=2, n_heads=2, batch=3),
+                                      dict(V=5, L=5, d_model=12, n_layers=1, n_heads=3, batch=2),
+                                      {}], ids=["small-a", "small-b", "the benchmark's"])
+def test_the_wind_tunnels_counted_work_is_its_products_with_each_visible_pair_once(settings):
+    """wind_tunnel_speed.counted_flop, PyTorch's count over the training loop itself, per
+    gradient: the scores and the read-out (2 x 2 d_model FLOP per visible pair per layer and
+    sequence) and the linear maps (q, k, v and the output projection, the feed-forward pair,
+    the output map at every position; the tokens' embedding is no product), each three times
+    over for the backward pass."""
+    from attention_dynamics.windtunnel import WindTunnelConfig
+
+    cfg = WindTunnelConfig(n_steps=10, **settings)
+    B, T, d = cfg.batch, cfg.task.length, cfg.d_model
+    parts = wind.counted_flop(cfg)
+    layer = 2 * B * T * d * 4 * d + 2 * 2 * B * T * d * 4 * d  # q, k, v, proj; the feed-forward (4 d wide)
+    assert parts["attention"] == pytest.approx(3 * cfg.n_layers * 2 * 2 * B * T * (T + 1) / 2 * d, rel=1e-12)
+    assert parts["dense"] == pytest.approx(3 * (cfg.n_layers * layer + 2 * B * T * d * cfg.V), rel=1e-12)
+
+
+_TINY_WIND = dict(V=4, L=3, d_model=8, n_layers=1, n_heads=2, batch=2, n_steps=10)
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "pytorch"])
+def test_the_wind_tunnel_benchmark_times_the_path_it_names(compiled):
+    """Each of wind_tunnel_speed's timed runs goes through the attention it is printed as,
+    whatever the choice for this processor."""
+    from unittest import mock
+
+    import torch.nn.functional as F
+
+    import attention_dynamics.transformer as tr
+    from attention_dynamics.windtunnel import WindTunnelConfig
+
+    kernel_apply = tr._CompiledCausalAttention.apply
+    with mock.patch.object(tr._CompiledCausalAttention, "apply", wraps=kernel_apply) as kernel, \
+            mock.patch.object(F, "scaled_dot_product_attention", wraps=F.scaled_dot_product_attention) as fused:
+        ms = wind.ms_per_step(WindTunnelConfig(**_TINY_WIND), 10, compiled)
+    assert ms > 0
+    assert (kernel.call_count > 0, fused.call_count > 0) == (compiled, not compiled)
+
+
+def test_the_wind_tunnel_profile_shares_every_group_and_add_up_to_the_whole():
+    """wind_tunnel_speed.where_the_time_goes: every named group took time (the fused
+    attention and AdamW among them: a renamed event would move their time into the rest
+    unseen, and the profile refuses it), none is negative, and the shares add up to 1."""
+    from attention_dynamics.windtunnel import WindTunnelConfig
+
+    shares, ms = wind.where_the_time_goes(WindTunnelConfig(**_TINY_WIND), 10)
+    assert set(shares) == {*wind.GROUPS, "AdamW", "the rest"} and ms > 0
+    assert all(v > 0 for v in shares.values()), shares
+    assert sum(shares.values()) == pytest.approx(1.0, rel=1e-9)
