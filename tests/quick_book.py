@@ -24,6 +24,7 @@ from pathlib import Path
 from attention_dynamics.book.jobs import make_jobs
 from attention_dynamics.book.scheduling import run_chapters
 from attention_dynamics.files import write_json_atomic
+from suite_times import TIMES_ENV, note_time
 
 
 def run(root: str, out: str, results: str, names: list[str]) -> dict:
@@ -65,15 +66,19 @@ def main(argv: list[str]) -> None:
         argv = argv[1:]
         _die_with_the_session()
     root, out, results, *names = argv
+    note_time("start")
     done = run(root, out, results, names)
+    note_time("book")
     if then is None:
         return
     used = sorted(n for n, r in done.items() if ran_a_kernel(r["record"]))
     if not used:
         write_json_atomic(Path(then[1]), {})
         return
+    env = {k: v for k, v in os.environ.items() if k != TIMES_ENV}  # its time is noted here, as the leg's
     leg = subprocess.run([sys.executable, __file__, root, *then, *used], stdin=subprocess.DEVNULL,
-                         env=dict(os.environ, ATTENTION_DYNAMICS_NATIVE="0"))
+                         env=dict(env, ATTENTION_DYNAMICS_NATIVE="0"))
+    note_time("leg")
     sys.exit(leg.returncode)  # RESULTS2 is missing where it failed; RESULTS stands
 
 
