@@ -38,9 +38,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT / "tests")]  # also where a test loads this file by its path
 
-TIMES_ENV = "ATTENTION_DYNAMICS_SUITE_TIMES"  # read by tests/quick_book.py
+from suite_time_plugin import TESTS_ENV  # noqa: E402
+from suite_times import TIMES_ENV  # noqa: E402  (the book's process notes its phases where it names a file)
 
 
 def read_cpu_times(cpus: set[int]) -> tuple[float, float] | None:
@@ -127,11 +128,11 @@ def main(argv: list[str]) -> None:
     from attention_dynamics.machine import cpu_model
 
     cpus = usable_cpus()
-    mine = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(cpus))
+    mine = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(cpus))  # usable_cpus counts these
     with tempfile.TemporaryDirectory() as tmp:
         book_times, tests_log = Path(tmp) / "book.jsonl", Path(tmp) / "tests.jsonl"
         path = os.pathsep.join(p for p in (str(ROOT / "benchmarks"), os.environ.get("PYTHONPATH")) if p)
-        env = dict(os.environ, **{TIMES_ENV: str(book_times), "SUITE_TIME_TESTS": str(tests_log)}, PYTHONPATH=path)
+        env = dict(os.environ, **{TIMES_ENV: str(book_times), TESTS_ENV: str(tests_log)}, PYTHONPATH=path)
         samples: list = []
         stop = threading.Event()
         start = time.monotonic()
@@ -159,7 +160,7 @@ def main(argv: list[str]) -> None:
     print(f"wall clock           {wall:7.1f} s")
     print(f"work                 {work:7.1f} CPU-s (pytest and the processes it waited for, theirs included)")
     if len(samples) > 1:
-        seen = len(mine) * (samples[-1][1] - samples[0][1]) / (samples[-1][2] - samples[0][2]) * wall
+        seen = cpus * (samples[-1][1] - samples[0][1]) / (samples[-1][2] - samples[0][2]) * wall
         print(f"busy, whole machine  {seen:7.1f} CPU-s on its CPUs {sorted(mine)} (/proc/stat: any process; "
               "more than the work where some of the suite's were never waited for, or others ran)")
     print(f"bound: work / CPUs   {b['bound']:7.1f} s   idle {b['idle']:.1f} CPU-s ({b['idle'] / (cpus * wall):.0%})")
@@ -179,7 +180,7 @@ def main(argv: list[str]) -> None:
     else:
         print("no quick book ran beside the tests (no selected test reads a chapter)")
     if len(samples) > 1:
-        row = busy_cpus(samples, len(mine), args.every)
+        row = busy_cpus(samples, cpus, args.every)
         print(f"busy CPUs per {args.every:g} s (the last stretch may be partial): "
               + " ".join(f"{t:.0f}:{v:.2f}" for t, v in row))
     calls = sorted(((t["end"] - t["start"], t["id"], t["start"] - start) for t in tests), reverse=True)

@@ -8,12 +8,14 @@ import time
 
 import pytest
 
+TESTS_ENV = "SUITE_TIME_TESTS"
+
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     start = time.monotonic()
     yield
-    path = os.environ.get("SUITE_TIME_TESTS")
+    path = os.environ.get(TESTS_ENV)
     if path:
         with open(path, "a") as f:
             f.write(json.dumps({"id": item.nodeid, "start": start, "end": time.monotonic()}) + "\n")
