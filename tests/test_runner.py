@@ -7,6 +7,8 @@ import shutil
 import subprocess
 import sys
 
+from pathlib import Path
+
 import nbformat
 import pytest
 
@@ -82,6 +84,44 @@ def test_bad_parameters_and_names_are_refused(tmp_path):
         make_jobs(root, "huge")
 
 
+def test_an_extra_profile_runs_only_the_chapters_that_have_it(tmp_path):
+    """``gpu`` is a profile some chapters have: a build at it runs those alone, a chapter
+    named without it is refused, its records are published to results/gpu/, and a profile
+    no one knows is refused when the profiles file is read."""
+    from attention_dynamics.book.jobs import JobResult, results_folder
+    from attention_dynamics.book.publishing import publish_paper_records
+
+    profiles = "tiny:\n  quick: {x: 3}\n  paper: {x: 5}\n  gpu: {x: 7}\nother:\n  quick: {x: 1}\n  paper: {x: 2}\n"
+    root = make_root(tmp_path, profiles=profiles)
+    shutil.copy(root / "notebooks" / "tiny.ipynb", root / "notebooks" / "other.ipynb")
+    assert [j.name for j in make_jobs(root, "paper")] == ["tiny", "other"]
+    (job,) = make_jobs(root, "gpu", out_dir=tmp_path / "out")
+    assert job.name == "tiny" and job.parameters == {"x": 7}
+    with pytest.raises(ValueError, match=r"chapter\(s\) \['other'\] have no 'gpu' profile; those that do: \['tiny'\]"):
+        make_jobs(root, "gpu", only=["other"])
+    r = execute(job)
+    assert r.record["values"] == {"double": 14} and r.record["provenance"]["profile"] == "gpu"
+    assert results_folder("gpu").as_posix() == "results/gpu" and results_folder("paper").as_posix() == "results/paper"
+    with pytest.raises(ValueError, match="records are published for the profiles"):
+        results_folder("quick")
+    # a run that did not train on a CUDA device is not published at the gpu profile
+    lines = publish_paper_records(root, [JobResult("tiny", "ran", 1.0, r.record)], "gpu")
+    assert lines[1] == "not written, since they did not train on a CUDA device: ['tiny']"
+    assert not (root / "results" / "gpu" / "tiny.json").exists()
+    on_gpu = json.loads(json.dumps(r.record))
+    on_gpu["provenance"]["device"] = "NVIDIA H100 80GB HBM3 (CUDA 13.0, torch 2.11.0)"
+    lines = publish_paper_records(root, [JobResult("tiny", "ran", 1.0, on_gpu)], "gpu")
+    assert lines == ["gpu records of 1 chapter(s) written to results/gpu/"]
+    assert json.loads((root / "results" / "gpu" / "tiny.json").read_text())["values"] == {"double": 14}
+    assert not (root / "results" / "paper").exists()
+    # by default the gpu runs go beside the book's chapters, not over them
+    (job,) = make_jobs(root, "gpu")
+    assert Path(job.out_dir) == (root / "book" / "chapters-gpu").resolve()
+    (root / "notebooks" / "profiles.yml").write_text(profiles + "  huge: {x: 9}\n")
+    with pytest.raises(ValueError, match=r"chapter 'other' has the unknown profile\(s\) \['huge'\]"):
+        make_jobs(root, "paper")
+
+
 def test_missing_record_is_an_error(tmp_path):
     cells = [("code", 'record_path = ""\nprofile = "paper"\nx = 1', ["parameters"]), ("code", "y = x", [])]
     root = make_root(tmp_path, cells)
@@ -102,6 +142,9 @@ def test_every_book_chapter_has_both_profiles_and_a_toc_entry(root):
         assert f"chapters/{name}" in toc and f"chapters/{name}" in intro
         make_jobs(root, "quick", only=[name])  # parameters exist in the notebook
         make_jobs(root, "paper", only=[name])
+    # the gpu profile: the calibration chapter at Paper I's size, its parameters checked too
+    (gpu,) = make_jobs(root, "gpu")
+    assert gpu.name == "wt_calibration" and gpu.parameters["wind_tunnel"]["V"] == 20
     assert yaml.safe_load(toc)["root"] == "intro"
 
 

@@ -21,6 +21,7 @@ Models
     causal_head     the single causal head of the sticky-chain protocol (R7), fast and reference
     transformer     one small causal transformer and the one way it trains (fit)
     windtunnel      the wind-tunnel experiment's settings, model and training (R8)
+    devices         where a wind-tunnel run trains (CPU, or CUDA where present) and the steps a time budget allows
     windtunnel_rates  the wind tunnel with an optimizer and a rate per role, judged held out (R6, R8)
     windtunnel_ablation  the wind tunnel's ablations (a channel, roles frozen; rates), each a stored run (R8)
     ssm             a selective state-space model (Mamba's S6) as content-based routing (R9)

@@ -1,6 +1,6 @@
 """Execute the book's notebooks through papermill with a named parameter profile.
 
-    python -m attention_dynamics.book [--profile paper|quick] [--only NAME ...]
+    python -m attention_dynamics.book [--profile paper|quick|gpu] [--only NAME ...]
         [--set NAME=VALUE ...] [--grid NAME=[V1,V2,...] ...] [--workers N | --scheduler ADDRESS]
         [--out DIR] [--force] [--book]
 
@@ -25,7 +25,7 @@ from pathlib import Path
 
 from .build import build_book
 from .jobs import NotebookFailed, make_grid_jobs, make_jobs
-from .profiles import PROFILES, find_root, format_value, parse_value
+from .profiles import ALL_PROFILES, find_root, format_value, parse_value
 from .provenance import CLI
 from .publishing import publish_paper_records
 from .scheduling import run_chapters, run_grid
@@ -51,7 +51,9 @@ def _parse_assignments(items: list[str], flag: str) -> dict:
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog=CLI, description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--profile", choices=PROFILES, default="paper", help="parameter profile (default: paper)")
+    ap.add_argument("--profile", choices=ALL_PROFILES, default="paper",
+                    help="parameter profile (default: paper; gpu: the chapters that have one, at Paper I's size, "
+                    "on a CUDA device where present)")
     ap.add_argument("--only", nargs="+", metavar="NAME", help="run only these chapters")
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                     help="override one parameter of the single chapter named by --only (YAML value)")
@@ -109,8 +111,8 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted: the outputs of finished chapters are kept, nothing half-written is left", file=sys.stderr)
         return 130
     print(timing_table(results, None if args.grid else wall, results.workers))
-    if args.profile == "paper" and not (args.set or args.grid or args.out):
-        for line in publish_paper_records(root, results):
+    if args.profile != "quick" and not (args.set or args.grid or args.out):
+        for line in publish_paper_records(root, results, args.profile):
             print(line)
     if args.book:
         html = build_book(root / "book")

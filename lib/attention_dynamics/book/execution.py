@@ -159,6 +159,9 @@ def _stamped_record(job: Job, key: str, seconds: float, tmp_nb: Path, tmp_rec: P
     record["provenance"] = provenance(job, key, seconds)
     record["provenance"]["paths"] = record.pop("paths", {})
     record["provenance"]["models"] = record.pop("models", [])
+    if isinstance(record.get("values"), dict) and isinstance(record["values"].get("device"), str):
+        # where a chapter that chooses its device trained (the gpu profile): beside the CPU
+        record["provenance"]["device"] = record["values"]["device"]
     record["provenance"]["notebook_sha256"] = file_digest(Path(job.notebook))
     record["provenance"]["library_digest"] = library_digest(job)
     append_provenance(tmp_nb, record["provenance"], repository(Path(job.root)))

@@ -6,12 +6,21 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .profiles import PROFILES, check_parameters, format_value, load_profiles
+from .profiles import ALL_PROFILES, PROFILES, check_parameters, format_value, load_profiles
 
-__all__ = ["RESULTS", "Job", "JobResult", "NotebookFailed", "make_jobs", "make_grid_jobs", "check_out_dir"]
+__all__ = ["RESULTS", "results_folder", "default_out_dir", "Job", "JobResult", "NotebookFailed", "make_jobs", "make_grid_jobs", "check_out_dir"]
 
 
 RESULTS = Path("results") / "paper"  # under the repository root: the records of the last paper build
+
+
+def results_folder(profile: str) -> Path:
+    """Where a build at ``profile`` publishes its records, under the repository root:
+    results/paper/ for the paper build, results/gpu/ for the accelerator's runs."""
+    if profile == "quick" or profile not in ALL_PROFILES:
+        raise ValueError(f"records are published for the profiles {[p for p in ALL_PROFILES if p != 'quick']}, "
+                         f"got {profile!r}")
+    return Path("results") / profile
 
 
 class NotebookFailed(RuntimeError):
@@ -63,8 +72,8 @@ class JobResult:
 
 def make_jobs(root: Path, profile: str, *, only: list[str] | None = None, overrides: dict | None = None,
               out_dir: Path | None = None, force: bool = False) -> list[Job]:
-    if profile not in PROFILES:
-        raise ValueError(f"profile must be one of {list(PROFILES)}, got {profile!r}")
+    if profile not in ALL_PROFILES:
+        raise ValueError(f"profile must be one of {list(ALL_PROFILES)}, got {profile!r}")
     profiles = load_profiles(root)
     names = list(profiles)
     if only:
@@ -72,9 +81,15 @@ def make_jobs(root: Path, profile: str, *, only: list[str] | None = None, overri
         if unknown:
             raise ValueError(f"unknown chapter(s) {unknown}; known: {names}")
         names = [n for n in names if n in only]
+    if profile not in PROFILES:  # a profile some chapters have
+        lacking = [n for n in names if profile not in profiles[n]] if only else []
+        if lacking:
+            raise ValueError(f"chapter(s) {lacking} have no '{profile}' profile; those that do: "
+                             f"{[n for n in profiles if profile in profiles[n]]}")
+        names = [n for n in names if profile in profiles[n]]
     if overrides and len(names) != 1:
         raise ValueError("--set applies to one chapter: name it with --only")
-    out_dir = check_out_dir(Path(out_dir or root / "book" / "chapters"))
+    out_dir = check_out_dir(Path(out_dir or default_out_dir(root, profile)))
     jobs = []
     for n in names:
         params = dict(profiles[n][profile])
@@ -83,6 +98,13 @@ def make_jobs(root: Path, profile: str, *, only: list[str] | None = None, overri
         check_parameters(n, root / "notebooks" / f"{n}.ipynb", params)
         jobs.append(Job(n, str(root / "notebooks" / f"{n}.ipynb"), str(out_dir), profile, params, str(root), force))
     return jobs
+
+
+def default_out_dir(root: Path, profile: str) -> Path:
+    """Where the runner writes a profile's executed chapters unless told: book/chapters, the
+    book's, for quick and paper; book/chapters-gpu for the gpu runs, which the book does not
+    show and which must not replace its chapters."""
+    return Path(root) / "book" / ("chapters" if profile in PROFILES else f"chapters-{profile}")
 
 
 def check_out_dir(path: Path) -> Path:

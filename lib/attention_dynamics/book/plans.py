@@ -106,6 +106,11 @@ def _main_seed(p: dict) -> int:
 def _wt_calibration(p: dict) -> list[ModelTask]:
     from ..windtunnel import WindTunnelConfig
 
+    if p["time_budget_s"] > 0 or p["device"] != "cpu":
+        # its steps are known only once a step is timed, and an accelerator takes one run at
+        # a time: the chapter trains its runs itself, one after another (read as text: asking
+        # CUDA here would start its driver in the process the pool then forks)
+        return []
     cfg = WindTunnelConfig.from_dict(p["wind_tunnel"])
     seeds, V = [cfg.seed, *p["more_seeds"]], p["larger_V"]
     # the larger alphabet at the same compute (the chapter's rule: steps x tokens per sequence)

@@ -2,7 +2,8 @@
 which a value is read from the command line and written into a footer.
 
 ``notebooks/profiles.yml`` lists, for every chapter in book order, its ``quick`` and
-``paper`` parameters. Every value a user writes (``--set eta_min=1e-05``) or the book prints
+``paper`` parameters, and for some its ``gpu`` ones (a run at a larger size where an
+accelerator is present; nothing else depends on one). Every value a user writes (``--set eta_min=1e-05``) or the book prints
 (the provenance footer) is read and written here, so that each round-trips exactly.
 """
 from __future__ import annotations
@@ -16,10 +17,12 @@ import yaml
 
 from .parameters import check_values, declarations, declared_chapters
 
-__all__ = ["PROFILES", "RUNNER_PARAMETERS", "find_root", "parse_value", "format_value", "load_profiles",
+__all__ = ["PROFILES", "EXTRA_PROFILES", "ALL_PROFILES", "RUNNER_PARAMETERS", "find_root", "parse_value", "format_value", "load_profiles",
            "check_parameters"]
 
-PROFILES = ("quick", "paper")
+PROFILES = ("quick", "paper")  # every chapter has these
+EXTRA_PROFILES = ("gpu",)  # a chapter may have these: Paper I's size, run where an accelerator is present
+ALL_PROFILES = PROFILES + EXTRA_PROFILES
 PACKAGE_DIR = Path(__file__).resolve().parent.parent
 
 
@@ -110,7 +113,11 @@ def load_profiles(root: Path) -> dict[str, dict[str, dict]]:
         missing = [p for p in PROFILES if p not in entry]
         if missing:
             raise ValueError(f"{where}: chapter '{name}' lacks the profile(s) {missing}")
-        for prof in PROFILES:
+        unknown = [p for p in entry if p not in ALL_PROFILES]
+        if unknown:
+            raise ValueError(f"{where}: chapter '{name}' has the unknown profile(s) {unknown}; "
+                             f"the profiles are {list(ALL_PROFILES)}")
+        for prof in [p for p in ALL_PROFILES if p in entry]:
             params = entry[prof]
             if not isinstance(params, dict) or not all(isinstance(k, str) for k in params):
                 raise ValueError(f"{where}: profile '{prof}' of chapter '{name}' must map parameter names to values "

@@ -124,6 +124,7 @@ def provenance_markdown(prov: dict, repo: dict) -> str:
         f"| library | `attention_dynamics` {prov['library_version']}, git commit `{commit}` |",
         f"| software | Python {prov['python']}, PyTorch {prov['torch']} |",
         f"| executed | {prov['executed_at']} in {prov['seconds']:.0f} s on {prov['machine']} |",
+        *([f"| trained on | {prov['device']} |"] if prov.get("device") else []),
         f"| computation paths | {_paths_text(prov.get('paths', {}))} |",
         f"| stored models | {_models_text(prov.get('models', []))} |",
         "",

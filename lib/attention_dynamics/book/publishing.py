@@ -1,28 +1,35 @@
 """After a paper build: its records copied to results/paper/ (committed, for CI), with the
-claims that moved against the records there before."""
+claims that moved against the records there before; after a gpu build, to results/gpu/."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from .jobs import RESULTS, JobResult
+from .jobs import JobResult, results_folder
 from ..files import write_json_atomic
 
 __all__ = ["publish_paper_records"]
 
 
-def publish_paper_records(root: Path, results: list[JobResult]) -> list[str]:
+def publish_paper_records(root: Path, results: list[JobResult], profile: str = "paper") -> list[str]:
     """Copy the records of a paper build into results/paper/ (committed, so that CI checks
     paper-scale claims without the paper build) and say which claims changed beyond their
-    tolerance, or changed verdict, against the records there before."""
+    tolerance, or changed verdict, against the records there before. ``profile``: the
+    build's (:func:`attention_dynamics.book.jobs.results_folder` says where it goes)."""
     from .compare import compare
     from .scorecard import read_records
 
-    folder = Path(root) / RESULTS
+    folder = Path(root) / results_folder(profile)
     before = read_records(folder) if folder.is_dir() else {}
     after = {r.name: r.record for r in results}
+    refused = []
+    if profile == "gpu":  # a run that fell back to the CPU must not replace an accelerator's record
+        refused = sorted(n for n, rec in after.items() if "CUDA" not in str(rec.get("provenance", {}).get("device")))
+        after = {n: rec for n, rec in after.items() if n not in refused}
     for name, record in after.items():
         write_json_atomic(folder / f"{name}.json", record)
-    lines = [f"paper records of {len(after)} chapter(s) written to {RESULTS}/"]
+    lines = [f"{profile} records of {len(after)} chapter(s) written to {results_folder(profile)}/"]
+    if refused:
+        lines += [f"not written, since they did not train on a CUDA device: {refused}"]
     if before:
         lines += ["against the records there before (python -m attention_dynamics.book.compare):"]
         try:
