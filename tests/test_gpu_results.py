@@ -14,6 +14,7 @@ import pytest
 
 from attention_dynamics.book.cache import cache_key
 from attention_dynamics.book.jobs import make_jobs, results_folder
+from attention_dynamics.book.publishing import trained_on_cuda
 from attention_dynamics.devices import steps_that_fit
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,7 +30,7 @@ def problems(record: dict, job) -> list[str]:  # also read by tests/test_devices
         found.append("not made at the gpu profile's parameters")
     if prov.get("cache_key") != cache_key(job):
         found.append(f"stale: rerun it (python -m attention_dynamics.book --profile gpu --only {job.name})")
-    if "CUDA" not in str(prov.get("device", "")) or prov.get("device") != v.get("device"):
+    if not trained_on_cuda(record) or prov.get("device") != v.get("device"):
         found.append(f"not trained on a CUDA device (provenance: {prov.get('device')!r})")
     budget = job.parameters.get("time_budget_s", 0.0)
     if budget > 0:
@@ -44,7 +45,8 @@ def problems(record: dict, job) -> list[str]:  # also read by tests/test_devices
             # the step time that sized the runs must describe them: the main run's training
             # within a factor 2 either way of n_steps x step_seconds (named before any run: a
             # probe off by more misspends the budget by as much)
-            ratio = v.get("seconds", 0.0) / (v["n_steps"] * v["step_seconds"]) if "seconds" in v else 0.0
+            seconds, steps = v.get("seconds"), v.get("n_steps")
+            ratio = seconds / (steps * v["step_seconds"]) if seconds and steps else 0.0
             if not 0.5 <= ratio <= 2.0:
                 found.append(f"the main run took {ratio:.2f} x n_steps x step_seconds, outside 0.5 to 2")
     if v.get("n_steps_asked") != job.parameters["wind_tunnel"]["n_steps"]:

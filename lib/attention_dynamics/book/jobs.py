@@ -8,10 +8,8 @@ from pathlib import Path
 
 from .profiles import ALL_PROFILES, PROFILES, check_parameters, format_value, load_profiles
 
-__all__ = ["RESULTS", "results_folder", "default_out_dir", "Job", "JobResult", "NotebookFailed", "make_jobs", "make_grid_jobs", "check_out_dir"]
-
-
-RESULTS = Path("results") / "paper"  # under the repository root: the records of the last paper build
+__all__ = ["RESULTS", "results_folder", "default_out_dir", "Job", "JobResult", "NotebookFailed", "make_jobs",
+           "make_grid_jobs", "check_out_dir"]
 
 
 def results_folder(profile: str) -> Path:
@@ -21,6 +19,9 @@ def results_folder(profile: str) -> Path:
         raise ValueError(f"records are published for the profiles {[p for p in ALL_PROFILES if p != 'quick']}, "
                          f"got {profile!r}")
     return Path("results") / profile
+
+
+RESULTS = results_folder("paper")  # the records of the last paper build
 
 
 class NotebookFailed(RuntimeError):

@@ -7,7 +7,14 @@ from pathlib import Path
 from .jobs import JobResult, results_folder
 from ..files import write_json_atomic
 
-__all__ = ["publish_paper_records"]
+__all__ = ["publish_paper_records", "trained_on_cuda"]
+
+
+def trained_on_cuda(record: dict) -> bool:
+    """Whether a record's provenance says its chapter trained on a CUDA device (the device
+    the runner copies from the chapter's record, as :func:`attention_dynamics.devices.device_label`
+    names it)."""
+    return "CUDA" in str(record.get("provenance", {}).get("device", ""))
 
 
 def publish_paper_records(root: Path, results: list[JobResult], profile: str = "paper") -> list[str]:
@@ -23,7 +30,7 @@ def publish_paper_records(root: Path, results: list[JobResult], profile: str = "
     after = {r.name: r.record for r in results}
     refused = []
     if profile == "gpu":  # a run that fell back to the CPU must not replace an accelerator's record
-        refused = sorted(n for n, rec in after.items() if "CUDA" not in str(rec.get("provenance", {}).get("device")))
+        refused = sorted(n for n, rec in after.items() if not trained_on_cuda(rec))
         after = {n: rec for n, rec in after.items() if n not in refused}
     for name, record in after.items():
         write_json_atomic(folder / f"{name}.json", record)
