@@ -15,7 +15,8 @@ workers). This runs the suite once and prints
   writes them where ``ATTENTION_DYNAMICS_SUITE_TIMES`` names a file), the work of the rest
   (the session's tests), and the tail: the seconds the session ran on after the book ended;
 - the busy CPUs, averaged over each stretch of ``--every`` seconds (from /proc/stat, Linux),
-  and the longest tests (setup to teardown).
+  the session's work by test file (each test's CPU seconds and its waited-for children's),
+  and the longest tests (setup to teardown), with their work.
 
     .venv/bin/python benchmarks/suite_time.py                 # the whole suite
     .venv/bin/python benchmarks/suite_time.py -- -k routing   # arguments after -- go to pytest
@@ -106,6 +107,18 @@ def read_book_times(path: Path, start: float) -> dict[str, dict[str, float]]:
     return phases
 
 
+def work_by_file(tests: list[dict]) -> list[tuple[str, int, float, float]]:
+    """(test file, its tests, seconds in them, their CPU seconds) for each file, the most work
+    first: the session's share of the bound, by where it is spent."""
+    rows: dict[str, list] = {}
+    for t in tests:
+        row = rows.setdefault(t["id"].split("::")[0], [0, 0.0, 0.0])
+        row[0] += 1
+        row[1] += t["end"] - t["start"]
+        row[2] += t["cpu"]
+    return sorted(((f, n, s, c) for f, (n, s, c) in rows.items()), key=lambda r: (-r[3], r[0]))
+
+
 def _sampler(samples: list, stop: threading.Event, start: float, cpus: set[int]) -> None:
     while not stop.wait(1.0):
         now = read_cpu_times(cpus)
@@ -117,7 +130,8 @@ def main(argv: list[str]) -> None:
     own, rest = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--every", type=float, default=30.0, help="seconds per stretch of the busy CPUs (default 30)")
-    ap.add_argument("--longest", type=int, default=10, help="how many of the longest tests to print (default 10)")
+    ap.add_argument("--longest", type=int, default=10,
+                    help="how many of the longest tests and of the test files with the most work to print (default 10)")
     args = ap.parse_args(own)
     if not args.every > 0:
         ap.error(f"--every must be > 0 seconds, got {args.every}")
@@ -183,11 +197,17 @@ def main(argv: list[str]) -> None:
         row = busy_cpus(samples, cpus, args.every)
         print(f"busy CPUs per {args.every:g} s (the last stretch may be partial): "
               + " ".join(f"{t:.0f}:{v:.2f}" for t, v in row))
-    calls = sorted(((t["end"] - t["start"], t["id"], t["start"] - start) for t in tests), reverse=True)
+    files = work_by_file(tests)
+    if files:
+        print(f"the session's work by test file (CPU-s of each test and the processes it waited for; "
+              f"{sum(r[3] for r in files):.1f} in all), the most first:")
+    for name, n, seconds, cpu in files[:args.longest]:
+        print(f"  {cpu:6.1f} CPU-s  {seconds:6.1f} s  {n:4d} tests  {name}")
+    calls = sorted(((t["end"] - t["start"], t["cpu"], t["id"], t["start"] - start) for t in tests), reverse=True)
     if calls:
         print("the longest tests, setup to teardown (session fixtures and waits for the book included):")
-    for seconds, name, at in calls[:args.longest]:
-        print(f"  {seconds:6.1f} s  from {at:6.1f} s  {name}")
+    for seconds, cpu, name, at in calls[:args.longest]:
+        print(f"  {seconds:6.1f} s  {cpu:6.1f} CPU-s  from {at:6.1f} s  {name}")
     sys.exit(done.returncode)
 
 

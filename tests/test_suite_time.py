@@ -43,6 +43,13 @@ def test_busy_cpus_are_the_busy_share_of_each_stretch_weighted_by_time():
     assert [k for k, _ in tenths] == pytest.approx([0.0, 0.1, 0.2]) and [v for _, v in tenths] == pytest.approx([1.0] * 3)
 
 
+def test_the_work_of_each_test_file_is_the_sum_of_its_tests():
+    tests = [{"id": "tests/test_a.py::one", "start": 0.0, "end": 3.0, "cpu": 2.5},
+             {"id": "tests/test_b.py::two[1]", "start": 3.0, "end": 4.0, "cpu": 0.25},
+             {"id": "tests/test_a.py::three", "start": 4.0, "end": 10.0, "cpu": 11.0}]  # 11 > 6: children on both CPUs
+    assert st.work_by_file(tests) == [("tests/test_a.py", 2, 9.0, 13.5), ("tests/test_b.py", 1, 1.0, 0.25)]
+
+
 def test_each_phase_of_the_book_is_noted_once(tmp_path):
     path = tmp_path / "book.jsonl"
     rows = [{"phase": "book", "time": 110.0, "cpu": 50.0}, {"phase": "leg", "time": 130.0, "cpu": 90.0}]
