@@ -199,8 +199,8 @@ def main(argv: list[str]) -> None:
               + " ".join(f"{t:.0f}:{v:.2f}" for t, v in row))
     files = work_by_file(tests)
     if files:
-        print(f"the session's work by test file (CPU-s of each test and the processes it waited for; "
-              f"{sum(r[3] for r in files):.1f} in all), the most first:")
+        print(f"work by test file (CPU-s of each test and the processes it waited for, {sum(r[3] for r in files):.1f} "
+              "in all; the quick book's process counts in the test that waits for its end), the most first:")
     for name, n, seconds, cpu in files[:args.longest]:
         print(f"  {cpu:6.1f} CPU-s  {seconds:6.1f} s  {n:4d} tests  {name}")
     calls = sorted(((t["end"] - t["start"], t["cpu"], t["id"], t["start"] - start) for t in tests), reverse=True)

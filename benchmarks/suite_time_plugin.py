@@ -1,8 +1,9 @@
 """suite_time.py's pytest plugin: each test's start and end (setup to teardown), on the
 system-wide monotonic clock (time.monotonic), and its work: the CPU seconds of the pytest
-process and of the children it waited for meanwhile (getrusage; a process started before
-the test and waited for after it, the quick book's, counts in neither). One JSON line per
-test in the file $SUITE_TIME_TESTS."""
+process and of the children it waited for meanwhile (getrusage). A child is counted when it
+is waited for: the quick book's process, started at the session's first test, counts whole
+(book and leg) in the test that waits for its end (the no-kernel leg's, in test_chapters.py),
+and in no test where none does. One JSON line per test in the file $SUITE_TIME_TESTS."""
 from __future__ import annotations
 
 import json
