@@ -15,8 +15,9 @@ workers). This runs the suite once and prints
   writes them where ``ATTENTION_DYNAMICS_SUITE_TIMES`` names a file), the work of the rest
   (the session's tests), and the tail: the seconds the session ran on after the book ended;
 - the busy CPUs, averaged over each stretch of ``--every`` seconds (from /proc/stat, Linux),
-  the session's work by test file (each test's CPU seconds and its waited-for children's),
-  and the longest tests (setup to teardown), with their work.
+  the work by test file (the pytest process's CPU seconds in each test, and the children's
+  collected in it: see suite_time_plugin for where a child's work is charged), and the
+  longest tests (setup to teardown), with their work.
 
     .venv/bin/python benchmarks/suite_time.py                 # the whole suite
     .venv/bin/python benchmarks/suite_time.py -- -k routing   # arguments after -- go to pytest
@@ -107,16 +108,18 @@ def read_book_times(path: Path, start: float) -> dict[str, dict[str, float]]:
     return phases
 
 
-def work_by_file(tests: list[dict]) -> list[tuple[str, int, float, float]]:
-    """(test file, its tests, seconds in them, their CPU seconds) for each file, the most work
-    first: the session's share of the bound, by where it is spent."""
+def work_by_file(tests: list[dict]) -> list[tuple[str, int, float, float, float]]:
+    """(test file, its tests, seconds in them, the pytest process's CPU seconds in them, the
+    CPU seconds of the children collected in them) for each file, the most work (the two
+    summed) first, ties by name."""
     rows: dict[str, list] = {}
     for t in tests:
-        row = rows.setdefault(t["id"].split("::")[0], [0, 0.0, 0.0])
+        row = rows.setdefault(t["id"].split("::")[0], [0, 0.0, 0.0, 0.0])
         row[0] += 1
         row[1] += t["end"] - t["start"]
         row[2] += t["cpu"]
-    return sorted(((f, n, s, c) for f, (n, s, c) in rows.items()), key=lambda r: (-r[3], r[0]))
+        row[3] += t["children"]
+    return sorted(((f, *r) for f, r in rows.items()), key=lambda r: (-(r[3] + r[4]), r[0]))
 
 
 def _sampler(samples: list, stop: threading.Event, start: float, cpus: set[int]) -> None:
@@ -199,11 +202,15 @@ def main(argv: list[str]) -> None:
               + " ".join(f"{t:.0f}:{v:.2f}" for t, v in row))
     files = work_by_file(tests)
     if files:
-        print(f"work by test file (CPU-s of each test and the processes it waited for, {sum(r[3] for r in files):.1f} "
-              "in all; the quick book's process counts in the test that waits for its end), the most first:")
-    for name, n, seconds, cpu in files[:args.longest]:
-        print(f"  {cpu:6.1f} CPU-s  {seconds:6.1f} s  {n:4d} tests  {name}")
-    calls = sorted(((t["end"] - t["start"], t["cpu"], t["id"], t["start"] - start) for t in tests), reverse=True)
+        inside = sum(r[3] + r[4] for r in files)
+        print(f"work by test file, the most first: the pytest process's CPU-s, and its children's, charged to the test "
+              f"that collected them (the quick book's to the one that waits for its end, or to the last); "
+              f"{inside:.1f} CPU-s in tests, {work - inside:.1f} outside any (start-up, collection, exit; "
+              "children never collected); session fixtures count in their first test:")
+    for name, n, seconds, own, children in files[:args.longest]:
+        print(f"  {own:6.1f} + {children:6.1f} CPU-s  {seconds:6.1f} s  {n:4d} tests  {name}")
+    calls = sorted(((t["end"] - t["start"], t["cpu"] + t["children"], t["id"], t["start"] - start) for t in tests),
+                   reverse=True)
     if calls:
         print("the longest tests, setup to teardown (session fixtures and waits for the book included):")
     for seconds, cpu, name, at in calls[:args.longest]:

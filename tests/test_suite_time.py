@@ -43,11 +43,38 @@ def test_busy_cpus_are_the_busy_share_of_each_stretch_weighted_by_time():
     assert [k for k, _ in tenths] == pytest.approx([0.0, 0.1, 0.2]) and [v for _, v in tenths] == pytest.approx([1.0] * 3)
 
 
-def test_the_work_of_each_test_file_is_the_sum_of_its_tests():
-    tests = [{"id": "tests/test_a.py::one", "start": 0.0, "end": 3.0, "cpu": 2.5},
-             {"id": "tests/test_b.py::two[1]", "start": 3.0, "end": 4.0, "cpu": 0.25},
-             {"id": "tests/test_a.py::three", "start": 4.0, "end": 10.0, "cpu": 11.0}]  # 11 > 6: children on both CPUs
-    assert st.work_by_file(tests) == [("tests/test_a.py", 2, 9.0, 13.5), ("tests/test_b.py", 1, 1.0, 0.25)]
+def test_the_work_of_each_test_file_is_the_sum_of_its_tests_the_most_first():
+    # the file with the most work has the fewest tests and seconds, a later name, and comes
+    # last: an order by anything but the summed work, or none, fails; b and c tie on work
+    tests = [{"id": "tests/test_a.py::one", "start": 0.0, "end": 3.0, "cpu": 1.0, "children": 0.0},
+             {"id": "tests/test_a.py::two", "start": 3.0, "end": 9.0, "cpu": 0.5, "children": 0.5},
+             {"id": "tests/test_c.py::three", "start": 9.0, "end": 9.5, "cpu": 0.25, "children": 0.25},
+             {"id": "tests/test_b.py::four", "start": 9.5, "end": 10.0, "cpu": 0.5, "children": 0.0},
+             {"id": "tests/test_z.py::five[1]", "start": 10.0, "end": 11.0, "cpu": 0.5, "children": 9.5}]
+    assert st.work_by_file(tests) == [("tests/test_z.py", 1, 1.0, 0.5, 9.5), ("tests/test_a.py", 2, 9.0, 1.5, 0.5),
+                                      ("tests/test_b.py", 1, 0.5, 0.5, 0.0), ("tests/test_c.py", 1, 0.5, 0.25, 0.25)]
+
+
+def test_the_plugin_charges_a_child_to_the_test_that_collected_it(tmp_path):
+    """A child spinning about 0.3 CPU seconds, run and waited for in one test, is in that
+    test's children and not in the next test's, nor in either's own work."""
+    (tmp_path / "test_spin.py").write_text(
+        "import subprocess, sys\n"
+        "def test_spins():\n"
+        "    subprocess.run([sys.executable, '-c', 'import time\\nt = time.process_time()\\n"
+        "while time.process_time() - t < 0.3: pass'], check=True)\n"
+        "def test_idle():\n"
+        "    pass\n")
+    log = tmp_path / "tests.jsonl"
+    env = dict(os.environ, SUITE_TIME_TESTS=str(log), PYTHONPATH=str(ROOT / "benchmarks"))
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "suite_time_plugin",
+                           "-c", os.devnull, "--rootdir", str(tmp_path), str(tmp_path / "test_spin.py")],
+                          capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = {json.loads(l)["id"].split("::")[1]: json.loads(l) for l in log.read_text().splitlines()}
+    assert rows["test_spins"]["children"] >= 0.3  # the child's own CPU time, at least what it spun
+    assert rows["test_idle"]["children"] == 0.0
+    assert rows["test_spins"]["cpu"] < 0.3  # the wait is not the pytest process's work
 
 
 def test_each_phase_of_the_book_is_noted_once(tmp_path):
