@@ -93,9 +93,17 @@ def test_the_gpu_profile_runs_on_the_cpu_at_a_tiny_size(tmp_path, monkeypatch, r
     (its band is for an accelerator that trains alone)."""
     from attention_dynamics.book.cli import main
     from attention_dynamics.book.jobs import make_jobs
+    from attention_dynamics.book.scheduling import THREAD_VARIABLES
     from test_gpu_results import problems
 
     monkeypatch.setenv("ATTENTION_DYNAMICS_ARTIFACTS", str(tmp_path / "store"))
+    # the chapter's kernel on one thread, as the session's own tests run: with one worker the
+    # runner leaves it the environment's threads (PyTorch's default, every CPU), and beside the
+    # quick book's two workers each of its parallel regions waited on a descheduled thread:
+    # beside two busy one-thread processes on an AMD EPYC 25/1, a step took 0.193 s on two
+    # threads (10 steps fit, the test failed) and 0.0046 s on one (435 fit)
+    for var in THREAD_VARIABLES:
+        monkeypatch.setenv(var, "1")
     small = "{V: 5, L: 4, d_model: 16, n_layers: 1, n_heads: 2, n_steps: 100000, batch: 8, eval_size: 32}"
     # 8 s for 4 runs gives each at least 10 steps (of eval_every, and 12 for the V = 6 runs'
     # 10) up to 0.15 s a step, 50 times this model's step on an idle core
@@ -109,7 +117,7 @@ def test_the_gpu_profile_runs_on_the_cpu_at_a_tiny_size(tmp_path, monkeypatch, r
     assert 12 <= v["n_steps"] == steps_that_fit(v["step_seconds"], 8.0, runs=4, n_steps=100_000) < 100_000
     # the chapter's threads are the runner's choice (one per chapter when others run beside it)
     assert v["device"] == record["provenance"]["device"] and v["device"].startswith("the CPU, ")
-    assert v["device"].endswith(f" thread(s) of {cpu_model()}")
+    assert v["device"].endswith(f" 1 thread(s) of {cpu_model()}")
     assert f"| trained on | {v['device']} |" in (out / "wt_calibration.ipynb").read_text()
     (job,) = make_jobs(root, "gpu", overrides=record["provenance"]["parameters"], out_dir=out)  # the --set values
     found = problems(record, job)
