@@ -11,26 +11,25 @@ from __future__ import annotations
 
 import json
 import os
-import resource
+import sys
 import time
+from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # loaded (-p) before any conftest
+from suite_times import cpu_seconds  # noqa: E402
 
 TESTS_ENV = "SUITE_TIME_TESTS"
 
 
-def _cpu() -> tuple[float, float]:
-    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime, children.ru_utime + children.ru_stime
-
-
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    start, (own, children) = time.monotonic(), _cpu()
+    start, (own, children) = time.monotonic(), cpu_seconds()
     yield
     path = os.environ.get(TESTS_ENV)
     if path:
-        own_after, children_after = _cpu()
+        own_after, children_after = cpu_seconds()
         with open(path, "a") as f:
             f.write(json.dumps({"id": item.nodeid, "start": start, "end": time.monotonic(), "cpu": own_after - own,
                                 "children": children_after - children}) + "\n")

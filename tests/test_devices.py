@@ -115,7 +115,7 @@ def test_the_gpu_profile_runs_on_the_cpu_at_a_tiny_size(tmp_path, monkeypatch, r
     v = record["values"]
     assert record["provenance"]["profile"] == "gpu" and v["n_steps_asked"] == 100_000
     assert 12 <= v["n_steps"] == steps_that_fit(v["step_seconds"], 8.0, runs=4, n_steps=100_000) < 100_000
-    # the chapter's threads are the runner's choice (one per chapter when others run beside it)
+    # the chapter ran on the threads the environment names (one, set above)
     assert v["device"] == record["provenance"]["device"] and v["device"].startswith("the CPU, ")
     assert v["device"].endswith(f" 1 thread(s) of {cpu_model()}")
     assert f"| trained on | {v['device']} |" in (out / "wt_calibration.ipynb").read_text()

@@ -27,6 +27,10 @@ def test_the_bound_is_the_work_over_the_cpus_and_idle_is_what_they_did_not_do():
             st.bounds(wall, work, cpus)
 
 
+# a child that spins for about 0.3 CPU seconds
+SPIN = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass"
+
+
 def test_busy_cpus_are_the_busy_share_of_each_stretch_weighted_by_time():
     # 2 CPUs, 100 jiffies a second in all: fully busy for 2 s, then half, then idle for 2 s
     samples = [(0.0, 0, 0), (1.0, 100, 100), (2.0, 200, 200), (3.0, 250, 300), (4.0, 300, 400),
@@ -61,8 +65,7 @@ def test_the_plugin_charges_a_child_to_the_test_that_collected_it(tmp_path):
     (tmp_path / "test_spin.py").write_text(
         "import subprocess, sys\n"
         "def test_spins():\n"
-        "    subprocess.run([sys.executable, '-c', 'import time\\nt = time.process_time()\\n"
-        "while time.process_time() - t < 0.3: pass'], check=True)\n"
+        f"    subprocess.run([sys.executable, '-c', {SPIN!r}], check=True)\n"
         "def test_idle():\n"
         "    pass\n")
     log = tmp_path / "tests.jsonl"
@@ -93,9 +96,8 @@ def test_the_book_process_notes_its_phases_and_their_work_only_where_asked(tmp_p
     """note_time counts the children it has waited for: a child that spun for about 0.3 CPU
     seconds is in the second note and not the first; without the variable nothing is written."""
     path = tmp_path / "times.jsonl"
-    spin = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass"
     code = ("import sys, subprocess; sys.path.insert(0, sys.argv[1]); import suite_times as q; q.note_time('book'); "
-            f"subprocess.run([sys.executable, '-c', {spin!r}]); q.note_time('leg')")
+            f"subprocess.run([sys.executable, '-c', {SPIN!r}]); q.note_time('leg')")
     env_with = {"ATTENTION_DYNAMICS_SUITE_TIMES": str(path)}
     subprocess.run([sys.executable, "-c", code, str(ROOT / "tests")], check=True, env={**os.environ, **env_with})
     rows = [json.loads(l) for l in path.read_text().splitlines()]
