@@ -343,6 +343,85 @@ def test_the_compiled_kernel_computes_the_torch_paths_closed_forms(monkeypatch, 
     assert torch.equal(blocked_causal_step(p, seq.x, seq.y).loss, b.loss)
 
 
+def _proposed():
+    """benchmarks/proposed_kernel.py, loaded by its path."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "proposed_kernel.py"
+    spec = importlib.util.spec_from_file_location("proposed_kernel", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _proposed_violations(folder, seq_len, d_k, weight_scale):
+    """The errors of the kernel built from ``folder`` (shares of their bounds, as in
+    _head_violations), and the loss it computes without gradients."""
+    from attention_dynamics.native import causal_head_kernel
+
+    from support import kernel_or_skip
+
+    proposed = _proposed()
+    seq, p, ref = _head_case(seq_len, d_k, weight_scale)
+    with proposed.built_from(folder):
+        kernel_or_skip(lambda: causal_head_kernel(d_k, 8))
+        got = blocked_causal_step(p, seq.x, seq.y, stats=True, value_info=True, native=True)
+        loss_only = blocked_causal_step(p, seq.x, seq.y, grads=False, native=True)
+    assert loss_only.grads is None and torch.equal(loss_only.loss, got.loss)
+    return _head_violations(p, seq, got, ref)
+
+
+# d_k = 10 and 18 take the proposed kernel's path for keys wider than a machine vector on
+# AVX2 (two and four parts), d_k = 18 and 33 on AVX-512 too (two and four). The bounds of
+# the routing gradients grow with the length, so that at 150 positions they pass W_K's
+# gradient off by a half (a share of 0.5); the short cases (8 positions) are the ones
+# where the bounds can say no (test_the_proposed_kernels_check_rejects_planted_bugs).
+@pytest.mark.parametrize("seq_len,d_k,weight_scale", [(150, 10, 1), (150, 10, 5), (2, 10, 1), (18, 3, 1), (70, 16, 1),
+                                                      (9, 10, 1), (9, 18, 1), (37, 33, 1)])
+def test_the_proposed_kernel_computes_the_torch_paths_closed_forms(tmp_path, seq_len, d_k, weight_scale):
+    """The kernel proposed in benchmarks/proposed/ (not the library's yet: see
+    benchmarks/proposed_kernel.py), by the test above and its bounds, so that it is right
+    before a paper build adopts it."""
+    proposed = _proposed()
+    folder = proposed.proposed_sources(tmp_path / "native")
+    assert (folder / "causal_head.c").read_text() != (proposed.native.HERE / "causal_head.c").read_text()
+    shares = _proposed_violations(folder, seq_len, d_k, weight_scale)
+    assert max(shares.values()) <= 1, f"errors as shares of their bounds {shares}"
+
+
+@pytest.mark.parametrize("line,bug,caught", [
+    ("for (int h = 0; h < KP; h += KW) {", "for (int h = 0; h < KW; h += KW) {", ("W_Q", "W_K")),  # the first part only
+    ("load_part(dk + (size_t)j * KP + h) + dkj);", "load_part(dk + (size_t)j * KP + h) + 0.5f * dkj);", ("W_K",)),
+    ("accq[r] += ds * kj;", "accq[r] += 0.75f * ds * kj;", ("W_Q",)),
+], ids=["first-part-only", "half-dk", "three-quarter-dq"])
+def test_the_proposed_kernels_check_rejects_planted_bugs(tmp_path, line, bug, caught):
+    """Negative control of the test above: the patch with a bug planted in its path for wide
+    keys, at 8 positions and d_k = 18 (that path on AVX2 and AVX-512 alike), fails it in the
+    quantities the bug changes."""
+    patches = tmp_path / "patches"
+    patches.mkdir()
+    for f in _proposed().PATCHES.glob("*.patch"):
+        text = f.read_text()
+        assert text.count(line) == 1, line  # the bug goes where it is meant to
+        (patches / f.name).write_text(text.replace(line, bug))
+    folder = _proposed().proposed_sources(tmp_path / "native", patches)
+    assert bug in (folder / "causal_head.c").read_text()
+    shares = _proposed_violations(folder, 9, 18, 1)
+    assert all(shares[q] > 1 for q in caught), shares
+
+
+def test_a_proposed_patch_that_no_longer_applies_is_named(tmp_path):
+    """A patch written against sources that have changed since is an error that names it,
+    not a benchmark of the library's own kernel."""
+    patches = tmp_path / "patches"
+    patches.mkdir()
+    (patches / "stale.patch").write_text("--- a/causal_head.c\n+++ b/causal_head.c\n@@ -1,2 +1,2 @@\n"
+                                         "-a line the source does not have\n+another\n context\n")
+    with pytest.raises(RuntimeError, match=r"stale\.patch does not apply to the library's kernel sources"):
+        _proposed().proposed_sources(tmp_path / "native", patches)
+
+
 def test_the_seeds_are_the_authors_scripts():
     from attention_dynamics.reference import SCRIPT_R7
 
