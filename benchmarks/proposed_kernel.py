@@ -9,7 +9,7 @@ proposed here, as a patch in benchmarks/proposed/, measured on the machines a se
 and adopted together with a paper build.
 
 ``proposed_sources(folder)`` copies the library's kernel sources (native/*.c, *.h) into
-``folder`` and applies every patch of benchmarks/proposed/ (``patch -p1``: a patch that no
+``folder`` and applies every patch of benchmarks/proposed/ (``git apply -p1``: a patch that no
 longer applies to the current sources is an error naming it); ``built_from(folder)`` makes
 the library build and load its kernels from there inside a ``with`` block
 (tests/test_sticky_chain.py runs the closed-form checks of the causal head's kernel on the
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import shutil
 import statistics
 import subprocess
@@ -62,8 +63,10 @@ def proposed_sources(folder: Path, patches: Path = PATCHES) -> Path:
         if f.suffix in (".c", ".h"):
             shutil.copy2(f, folder / f.name)
     for patch in sorted(patches.glob("*.patch")):
-        done = subprocess.run(["patch", "-d", str(folder), "-p1", "--batch", "--forward", "--no-backup-if-mismatch",
-                               "-i", str(patch)], capture_output=True, text=True)
+        # git apply, as patch(1) would (git is what cloned the repository); the ceiling keeps
+        # it from taking a repository above the folder for the tree to patch
+        done = subprocess.run(["git", "apply", "-p1", str(patch.resolve())], cwd=folder, capture_output=True, text=True,
+                              env=dict(os.environ, GIT_CEILING_DIRECTORIES=str(folder.resolve().parent)))
         if done.returncode != 0:
             raise RuntimeError(f"{patch} does not apply to the library's kernel sources "
                                f"(they changed since it was written; remake it):\n{done.stdout}{done.stderr}")
