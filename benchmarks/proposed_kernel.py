@@ -12,21 +12,29 @@ and adopted together with a paper build.
 ``folder`` and applies every patch of benchmarks/proposed/ (``git apply -p1``: a patch that no
 longer applies to the current sources is an error naming it); ``built_from(folder)`` makes
 the library build and load its kernels from there inside a ``with`` block
-(tests/test_sticky_chain.py runs the closed-form checks of the causal head's kernel on the
-proposed sources through it).
+(tests/test_sticky_chain.py and tests/test_transformer.py run the library kernels' bound
+checks on the proposed sources through it, with bugs planted in them as negative controls).
 
-This script times the sticky-chain protocol's training (benchmarks/sticky_chain_speed.py's
-loop: all runs batched, SGD, the closed-form backward) through three paths in one process,
-on the same seeds and initial weights: the library's compiled kernel, the proposed one and
-the PyTorch blocked path, --repeats times each in an order that rotates, so that a drift of
-the machine falls on all three. It prints each path's median milliseconds per run-step,
-their ratios, each path's rate of counted work (sticky_chain_speed.flop_per_run_step)
-against a float32 matmul measured before and after with the same threads (the higher one),
-and the largest difference of the paths' final losses (must be <= 1e-4, as in
-sticky_chain_speed; the script exits 1 otherwise). A benchmark, not a test.
+This script measures, in one process, the library's kernels, the proposed ones and the
+PyTorch paths side by side, every repeat in an order that rotates (so that a drift of the
+machine falls on all three), for every kernel a patch changes:
 
-    .venv/bin/python benchmarks/proposed_kernel.py                 # 300 steps, 3 repeats
-    .venv/bin/python benchmarks/proposed_kernel.py --steps 50 --repeats 2
+- benchmarks/kernel_choice.py's measurement (one thread, forward and backward, at the sizes
+  the book runs the kernel): the medians, PyTorch time / kernel time, and the choice each
+  kernel would get by attention_dynamics.native.MARGIN;
+- for the causal head, the sticky-chain protocol's training (sticky_chain_speed's loop: all
+  runs batched, SGD, the closed-form backward; --steps, with the threads set): milliseconds
+  per run-step, each path's rate of counted work (sticky_chain_speed.flop_per_run_step)
+  against a float32 matmul measured before and after with the same threads (the higher), and
+  the largest difference of the paths' final losses (must be <= 1e-4, as in
+  sticky_chain_speed; the script exits 1 otherwise);
+- for causal attention, whole training steps of the deep variant (deep_variant_speed's
+  serial loop, one thread; --deep-steps), milliseconds per seed-step.
+
+A benchmark, not a test: timings depend on the machine.
+
+    .venv/bin/python benchmarks/proposed_kernel.py                 # 100 steps, 3 repeats, 2 deep steps
+    .venv/bin/python benchmarks/proposed_kernel.py --steps 20 --repeats 2 --deep-steps 1
 """
 from __future__ import annotations
 
@@ -81,56 +89,146 @@ def built_from(folder: Path):
         yield
 
 
-def main() -> int:
-    from sticky_chain_speed import flop_per_run_step, matmul_gflops, time_fast
+def touched(patches: Path = PATCHES) -> list[str]:
+    """The kernels (native/<name>.c) the patches in ``patches`` change, in KERNELS' order."""
+    names = {line[len("+++ b/"):].split()[0].removesuffix(".c") for f in patches.glob("*.patch")
+             for line in f.read_text().splitlines() if line.startswith("+++ b/")}
+    return [n for n in native.KERNELS if n in names]
 
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=300, help="training steps per run and repeat (default 300)")
-    ap.add_argument("--repeats", type=int, default=3, help="timings of each path (default 3)")
-    ap.add_argument("--seeds", type=int, nargs="+", default=list(sc.SEEDS), help="seeds (protocol: the five of the paper)")
-    ap.add_argument("--seq-len", type=int, default=2000, help="states per sequence (protocol: 2000)")
-    args = ap.parse_args()
-    if min(args.steps, args.repeats) < 1 or args.seq_len < 2:
-        ap.error("--steps and --repeats must be >= 1 and --seq-len >= 2")
-    patches = sorted(p.name for p in PATCHES.glob("*.patch"))
-    if not patches:
-        ap.error(f"no patch in {PATCHES}")
+
+def rotated(names: list[str], rep: int) -> list[str]:
+    """``names`` starting at the rep-th: each contender first in turn, so a drift falls on all."""
+    k = rep % len(names)
+    return names[k:] + names[:k]
+
+
+def choice_at_the_books_sizes(name: str, folder: Path, repeats: int) -> None:
+    """benchmarks/kernel_choice.py's measurement of kernel ``name`` (one thread, forward and
+    backward, at the sizes the book runs it), with the proposed kernel as a third contender
+    in every repeat; prints the medians, the ratios and the choice each kernel would get."""
+    from kernel_choice import CASES, seconds
+
+    torch.set_num_threads(1)
+    ratios = {"library kernel": [], "proposed kernel": []}
+    for label, make in CASES[name].items():
+        fn = make()
+
+        def proposed():
+            with built_from(folder):
+                fn(True)  # builds and loads it, untimed
+                return seconds(fn, True)
+
+        contenders = {"library kernel": lambda: seconds(fn, True), "proposed kernel": proposed,
+                      "PyTorch": lambda: seconds(fn, False)}
+        fn(True), fn(False)  # build, warm up
+        times = {c: [] for c in contenders}
+        for rep in range(repeats):
+            for c in rotated(list(contenders), rep):
+                times[c].append(contenders[c]())
+        med = {c: 1e3 * statistics.median(v) for c, v in times.items()}
+        for c in ratios:
+            ratios[c].append(med["PyTorch"] / med[c])
+        print(f"  {name:17s} {label:50s} library kernel {med['library kernel']:8.2f} ms  proposed "
+              f"{med['proposed kernel']:8.2f} ms  PyTorch {med['PyTorch']:8.2f} ms   PyTorch / proposed "
+              f"{med['PyTorch'] / med['proposed kernel']:5.2f}x (library kernel {med['PyTorch'] / med['library kernel']:5.2f}x)")
+    for c, r in ratios.items():
+        print(f"  -> {name}, {c}: smallest ratio {min(r):.2f}x over the book's sizes, margin {native.MARGIN}: "
+              f"{'the kernel' if min(r) >= native.MARGIN else 'PyTorch'} would be chosen")
+
+
+def sticky_chain_training(folder: Path, steps: int, repeats: int, seeds: list[int], seq_len: int) -> float:
+    """The protocol's training through the library's kernel, the proposed one and the PyTorch
+    blocked path, with the threads set; prints the medians, rates and ratios; returns the
+    largest difference of the paths' final losses."""
+    from sticky_chain_speed import flop_per_run_step, matmul_gflops, time_fast
 
     threads = torch.get_num_threads()
     peaks = [matmul_gflops(threads)]
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = proposed_sources(Path(tmp) / "native")
-        paths = {"library kernel": (contextlib.nullcontext, True),
-                 "proposed kernel": (lambda: built_from(folder), True),
-                 "PyTorch blocked path": (contextlib.nullcontext, False)}
-        ms = {name: [] for name in paths}
-        finals = {}
-        names = list(paths)
-        print(f"{2 * len(args.seeds)} runs x {args.steps} steps, T = {args.seq_len - 1} positions, {threads} threads; "
-              f"proposed: {', '.join(patches)}")
-        for rep in range(args.repeats):
-            for name in names[rep % len(names):] + names[: rep % len(names)]:
-                context, kernel = paths[name]
-                with context():
-                    final, step_ms, _, _ = time_fast(args.seeds, args.seq_len, args.steps, 64, kernel)
-                ms[name].append(step_ms)
-                finals[name] = np.asarray(final)
-                print(f"  repeat {rep + 1}: {name:22s} {step_ms:7.2f} ms per run-step", flush=True)
+    paths = {"library kernel": (contextlib.nullcontext, True),
+             "proposed kernel": (lambda: built_from(folder), True),
+             "PyTorch blocked path": (contextlib.nullcontext, False)}
+    ms = {name: [] for name in paths}
+    finals = {}
+    print(f"sticky-chain protocol: {2 * len(seeds)} runs x {steps} steps, T = {seq_len - 1} positions, {threads} threads")
+    for rep in range(repeats):
+        for name in rotated(list(paths), rep):
+            context, kernel = paths[name]
+            with context():
+                final, step_ms, _, _ = time_fast(seeds, seq_len, steps, 64, kernel)
+            ms[name].append(step_ms)
+            finals[name] = np.asarray(final)
+            print(f"  repeat {rep + 1}: {name:22s} {step_ms:7.2f} ms per run-step", flush=True)
     peaks.append(matmul_gflops(threads))
     peak = max(peaks)
-    flop = flop_per_run_step(args.seq_len - 1, sc.D_X, D_K, D_V, sc.N_STATES)
-    print(f"CPU: {cpu_model()}, {threads} threads; float32 matmul (1024^3): {peak:.1f} GFLOP/s "
+    flop = flop_per_run_step(seq_len - 1, sc.D_X, D_K, D_V, sc.N_STATES)
+    print(f"  float32 matmul (1024^3), {threads} threads: {peak:.1f} GFLOP/s "
           f"(the higher of {', '.join(f'{p:.1f}' for p in peaks)}, before and after)")
     med = {name: statistics.median(v) for name, v in ms.items()}
     for name, m in med.items():
         rate = flop / (m / 1000) / 1e9
-        print(f"{name:22s}: median {m:7.2f} ms per run-step (of {len(ms[name])}: "
+        print(f"  {name:22s}: median {m:7.2f} ms per run-step (of {len(ms[name])}: "
               f"{', '.join(f'{v:.2f}' for v in ms[name])}), {rate:6.1f} GFLOP/s, {100 * rate / peak:4.1f}% of the peak")
-    print(f"proposed / library kernel: {med['library kernel'] / med['proposed kernel']:.2f}x faster; "
-          f"proposed / PyTorch blocked path: {med['PyTorch blocked path'] / med['proposed kernel']:.2f}x faster "
-          f"(native/speed.json's ratio for this choice: PyTorch time / kernel time)")
+    print(f"  proposed / library kernel: {med['library kernel'] / med['proposed kernel']:.2f}x faster; "
+          f"proposed / PyTorch blocked path: {med['PyTorch blocked path'] / med['proposed kernel']:.2f}x faster")
     diff = max(float(np.abs(finals[a] - finals[b]).max()) for a in finals for b in finals)
-    print(f"largest |final loss difference| between the paths over the runs: {diff:.2e} (must be <= 1e-4)")
+    print(f"  largest |final loss difference| between the paths over the runs: {diff:.2e} (must be <= 1e-4)")
+    return diff
+
+
+def deep_variant_steps(folder: Path, steps: int) -> None:
+    """Whole training steps of the deep variant (benchmarks/deep_variant_speed.py's serial
+    loop: five seeds, AdamW), one thread, every attention call through the library's
+    kernel, the proposed one and PyTorch's SDPA."""
+    from deep_variant_speed import T, attention_through, serial
+
+    torch.set_num_threads(1)
+    x, y = torch.randn(5, 1, T, 20), torch.randint(0, 8, (5, 1, T))
+    contenders = {"library kernel": lambda: serial(x, y, steps)}
+
+    def proposed():
+        with built_from(folder):
+            return serial(x, y, steps)  # its warm-up step builds and loads the kernel
+
+    contenders["proposed kernel"] = proposed
+    res = {}
+    for name, run in contenders.items():
+        with attention_through(True):
+            res[name] = run()
+    with attention_through(False):
+        res["PyTorch SDPA"] = serial(x, y, steps)
+    for name, v in res.items():
+        print(f"  deep variant, {name:16s}: {1000 * v:7.1f} ms per seed-step, 1 thread "
+              f"({res['PyTorch SDPA'] / v:.2f}x SDPA)")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=100,
+                    help="sticky-chain training steps per run and repeat, 0 for none (default 100)")
+    ap.add_argument("--repeats", type=int, default=3, help="timings of each contender (default 3)")
+    ap.add_argument("--deep-steps", type=int, default=2,
+                    help="timed deep-variant steps per contender, 0 for none (default 2)")
+    ap.add_argument("--seeds", type=int, nargs="+", default=list(sc.SEEDS), help="seeds (protocol: the five of the paper)")
+    ap.add_argument("--seq-len", type=int, default=2000, help="states per sequence (protocol: 2000)")
+    args = ap.parse_args()
+    if args.repeats < 1 or min(args.steps, args.deep_steps) < 0 or args.seq_len < 2:
+        ap.error("--repeats must be >= 1, --steps and --deep-steps >= 0 and --seq-len >= 2")
+    kernels = touched()
+    if not kernels:
+        ap.error(f"no patch of a kernel in {PATCHES}")
+    threads = torch.get_num_threads()
+    print(f"CPU: {cpu_model()}; proposed: {', '.join(sorted(p.name for p in PATCHES.glob('*.patch')))}")
+    diff = 0.0
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = proposed_sources(Path(tmp) / "native")
+        print(f"at the book's sizes, 1 thread, median of {args.repeats} (benchmarks/kernel_choice.py's cases):")
+        for name in kernels:
+            choice_at_the_books_sizes(name, folder, args.repeats)
+        torch.set_num_threads(threads)
+        if "causal_head" in kernels and args.steps:
+            diff = sticky_chain_training(folder, args.steps, args.repeats, args.seeds, args.seq_len)
+        if "causal_attention" in kernels and args.deep_steps:
+            deep_variant_steps(folder, args.deep_steps)
     return 0 if diff <= 1e-4 else 1
 
 

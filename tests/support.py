@@ -181,3 +181,31 @@ def environ_restored():
         for k, v in before.items():
             if os.environ.get(k) != v:
                 os.environ[k] = v
+
+
+def proposed_kernels():
+    """benchmarks/proposed_kernel.py (kernels proposed as patches, not the library's yet),
+    loaded by its path."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "proposed_kernel.py"
+    spec = importlib.util.spec_from_file_location("proposed_kernel", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def planted_patches(folder: Path, kernel: str, line: str, bug: str) -> Path:
+    """The proposed patches in ``folder`` (created), with the one line ``line`` of the patch
+    of ``kernel``'s source (exactly one, so that the bug goes where it is meant to) replaced
+    by ``bug``."""
+    folder.mkdir(parents=True)
+    found = 0
+    for f in proposed_kernels().PATCHES.glob("*.patch"):
+        text = f.read_text()
+        if f"+++ b/{kernel}.c" in text:
+            found += text.count(line)
+            text = text.replace(line, bug)
+        (folder / f.name).write_text(text)
+    assert found == 1, f"{line!r} is in the proposed patch of {kernel}.c {found} times"
+    return folder

@@ -343,26 +343,14 @@ def test_the_compiled_kernel_computes_the_torch_paths_closed_forms(monkeypatch, 
     assert torch.equal(blocked_causal_step(p, seq.x, seq.y).loss, b.loss)
 
 
-def _proposed():
-    """benchmarks/proposed_kernel.py, loaded by its path."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "proposed_kernel.py"
-    spec = importlib.util.spec_from_file_location("proposed_kernel", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _proposed_violations(folder, seq_len, d_k, weight_scale):
     """The errors of the kernel built from ``folder`` (shares of their bounds, as in
     _head_violations), and the loss it computes without gradients."""
     from attention_dynamics.native import causal_head_kernel
 
-    from support import kernel_or_skip
+    from support import kernel_or_skip, proposed_kernels
 
-    proposed = _proposed()
+    proposed = proposed_kernels()
     seq, p, ref = _head_case(seq_len, d_k, weight_scale)
     with proposed.built_from(folder):
         kernel_or_skip(lambda: causal_head_kernel(d_k, 8))
@@ -383,7 +371,9 @@ def test_the_proposed_kernel_computes_the_torch_paths_closed_forms(tmp_path, seq
     """The kernel proposed in benchmarks/proposed/ (not the library's yet: see
     benchmarks/proposed_kernel.py), by the test above and its bounds, so that it is right
     before a paper build adopts it."""
-    proposed = _proposed()
+    from support import proposed_kernels
+
+    proposed = proposed_kernels()
     folder = proposed.proposed_sources(tmp_path / "native")
     assert (folder / "causal_head.c").read_text() != (proposed.native.HERE / "causal_head.c").read_text()
     shares = _proposed_violations(folder, seq_len, d_k, weight_scale)
@@ -399,13 +389,9 @@ def test_the_proposed_kernels_check_rejects_planted_bugs(tmp_path, line, bug, ca
     """Negative control of the test above: the patch with a bug planted in its path for wide
     keys, at 8 positions and d_k = 18 (that path on AVX2 and AVX-512 alike), fails it in the
     quantities the bug changes."""
-    patches = tmp_path / "patches"
-    patches.mkdir()
-    for f in _proposed().PATCHES.glob("*.patch"):
-        text = f.read_text()
-        assert text.count(line) == 1, line  # the bug goes where it is meant to
-        (patches / f.name).write_text(text.replace(line, bug))
-    folder = _proposed().proposed_sources(tmp_path / "native", patches)
+    from support import planted_patches, proposed_kernels
+
+    folder = proposed_kernels().proposed_sources(tmp_path / "native", planted_patches(tmp_path / "patches", "causal_head", line, bug))
     assert bug in (folder / "causal_head.c").read_text()
     shares = _proposed_violations(folder, 9, 18, 1)
     assert all(shares[q] > 1 for q in caught), shares
@@ -418,8 +404,10 @@ def test_a_proposed_patch_that_no_longer_applies_is_named(tmp_path):
     patches.mkdir()
     (patches / "stale.patch").write_text("--- a/causal_head.c\n+++ b/causal_head.c\n@@ -1,2 +1,2 @@\n"
                                          "-a line the source does not have\n+another\n context\n")
+    from support import proposed_kernels
+
     with pytest.raises(RuntimeError, match=r"stale\.patch does not apply to the library's kernel sources"):
-        _proposed().proposed_sources(tmp_path / "native", patches)
+        proposed_kernels().proposed_sources(tmp_path / "native", patches)
 
 
 def test_the_seeds_are_the_authors_scripts():

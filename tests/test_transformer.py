@@ -29,8 +29,10 @@ def test_transformer_paths_agree_and_expose_every_head():
         TransformerConfig(n_out=2, d_model=10, n_heads=4, input="tokens", vocab=3)
 
 
-@pytest.mark.parametrize("B,H,T,D", [(2, 3, 7, 16), (1, 2, 203, 16), (5, 4, 15, 16), (1, 1, 1, 16), (3, 2, 33, 8),
-                                     (2, 1, 17, 4), (1, 2, 40, 32)])
+SHAPES = [(2, 3, 7, 16), (1, 2, 203, 16), (5, 4, 15, 16), (1, 1, 1, 16), (3, 2, 33, 8), (2, 1, 17, 4), (1, 2, 40, 32)]
+
+
+@pytest.mark.parametrize("B,H,T,D", SHAPES)
 def test_the_compiled_causal_attention_is_softmax_attention_and_its_gradient(B, H, T, D):
     """The compiled kernel (float32, query blocks of 8, keys in chunks of 16: T and the
     shapes straddle both) against softmax attention computed explicitly in float64, forward
@@ -48,6 +50,15 @@ def test_the_compiled_causal_attention_is_softmax_attention_and_its_gradient(B, 
 
     Norms are the largest row norms. With one key the exact gradients are zero and the
     kernel's are rounding: the bound is on the terms, so it holds there too."""
+    failed = _attention_beyond_bounds(B, H, T, D)
+    assert not failed, failed
+    # the PyTorch path: the same function, within its own bound of the float64 one
+    assert not [f for f in _attention_beyond_bounds(B, H, T, D, compiled=False) if f.startswith("o:")]
+
+
+def _attention_beyond_bounds(B, H, T, D, compiled=True) -> list[str]:
+    """The outputs of causal_attention (forward, and the gradients of q, k and v) that leave
+    their float32 bounds (the test above) somewhere, with their largest errors."""
     from attention_dynamics.head import attend
     from attention_dynamics.transformer import causal_attention
 
@@ -56,7 +67,7 @@ def test_the_compiled_causal_attention_is_softmax_attention_and_its_gradient(B, 
     g = torch.Generator().manual_seed(T * 31 + D)
     q, k, v = (torch.randn(B, H, T, D, generator=g, requires_grad=True) for _ in range(3))
     grad_out = torch.randn(B, H, T, D, generator=g)
-    out = causal_attention(q, k, v, compiled=True)
+    out = causal_attention(q, k, v, compiled=compiled)
     grads = torch.autograd.grad(out, (q, k, v), grad_out)
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
     att = attend(q64, k64, v64, causal=True)
@@ -73,12 +84,56 @@ def test_the_compiled_causal_attention_is_softmax_attention_and_its_gradient(B, 
     e_sum = e_ds + gamma(T) * 2 * Gn * Vn * scale  # and the T-term sum over ds
     N = att.weights.detach().sum(-2)[..., None]  # (B, H, T, 1): each key's responsibility
     tols = {"o": tol_o, "dq": e_sum * Kn, "dk": e_sum * Qn * N, "dv": (e_a + gamma(T)) * Gn * N}
+    failed = []
     for name, got, want in zip(tols, (out, *grads), (att.output, *ref_grads)):
-        err = (got.double() - want).abs()
-        assert bool((err <= tols[name]).all()), f"{name}: error {float(err.max()):.3g} beyond its bound"
-    # the PyTorch path: the same function, each within its own bound of the float64 one
-    sdpa = causal_attention(q, k, v, compiled=False)
-    assert bool(((sdpa.double() - att.output).abs() <= tol_o).all())
+        err = (got.detach().double() - want.detach()).abs()
+        if not bool((err <= tols[name]).all()):
+            failed.append(f"{name}: error {float(err.max()):.3g} beyond its bound")
+    return failed
+
+
+@pytest.mark.parametrize("B,H,T,D", SHAPES)
+def test_the_proposed_attention_kernel_is_softmax_attention_and_its_gradient(tmp_path, B, H, T, D):
+    """The attention kernel proposed in benchmarks/proposed/ (not the library's yet: see
+    benchmarks/proposed_kernel.py), by the bounds of the test above, so that it is right
+    before a paper build adopts it: D = 16 takes its path for rows wider than a machine
+    vector on AVX2 (two parts), D = 32 there and on AVX-512 (four and two)."""
+    from attention_dynamics.native import causal_attention_kernel
+
+    from support import kernel_or_skip, proposed_kernels
+
+    proposed = proposed_kernels()
+    folder = proposed.proposed_sources(tmp_path / "native")
+    assert (folder / "causal_attention.c").read_text() != (proposed.native.HERE / "causal_attention.c").read_text()
+    with proposed.built_from(folder):
+        kernel_or_skip(lambda: causal_attention_kernel(D))
+        failed = _attention_beyond_bounds(B, H, T, D)
+    assert not failed, failed
+
+
+@pytest.mark.parametrize("line,bug,caught", [
+    ("store_part(O + (size_t)(i0 + r) * DH + h, acc[r] * inv[r]);",
+     "store_part(O + (size_t)(i0 + r) * DH + h, acc[r] * (0.99f * inv[r]));", "o"),
+    ("accq[r] += ds * kj;", "accq[r] += 0.75f * ds * kj;", "dq"),
+    ("store_part(dV + (size_t)j * DH + h, load_part(dV + (size_t)j * DH + h) + dvj);",
+     "store_part(dV + (size_t)j * DH + h, load_part(dV + (size_t)j * DH + h) + 0.5f * dvj);", "dv"),
+], ids=["o-off-by-1%", "three-quarter-dq", "half-dv"])
+def test_the_proposed_attention_kernels_check_rejects_planted_bugs(tmp_path, line, bug, caught):
+    """Negative control of the test above: the patch with a bug planted in its path for wide
+    rows, at D = 32 (that path on AVX2 and AVX-512 alike), fails it in the output the bug
+    changes."""
+    from attention_dynamics.native import causal_attention_kernel
+
+    from support import kernel_or_skip, planted_patches, proposed_kernels
+
+    proposed = proposed_kernels()
+    folder = proposed.proposed_sources(tmp_path / "native",
+                                       planted_patches(tmp_path / "patches", "causal_attention", line, bug))
+    assert bug in (folder / "causal_attention.c").read_text()
+    with proposed.built_from(folder):
+        kernel_or_skip(lambda: causal_attention_kernel(32))
+        failed = _attention_beyond_bounds(1, 2, 40, 32)
+    assert [f for f in failed if f.startswith(caught + ":")], failed
 
 
 def test_the_compiled_dropout_keeps_the_right_share_scaled():
