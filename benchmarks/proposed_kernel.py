@@ -29,7 +29,10 @@ machine falls on all three), for every kernel a patch changes:
   the largest difference of the paths' final losses (must be <= 1e-4, as in
   sticky_chain_speed; the script exits 1 otherwise);
 - for causal attention, whole training steps of the deep variant (deep_variant_speed's
-  serial loop, one thread; --deep-steps), milliseconds per seed-step.
+  serial loop, one thread; --deep-steps per repeat), milliseconds per seed-step.
+
+Every contender gets the same untimed call right before each timed one, the proposed kernel
+is loaded before a timer starts, and the files each kernel was loaded from are printed.
 
 A benchmark, not a test: timings depend on the machine.
 
@@ -57,6 +60,7 @@ sys.path.insert(0, str(HERE))  # run from anywhere, or loaded by path from a tes
 
 import attention_dynamics.native as native  # noqa: E402
 from attention_dynamics.causal_head import D_K, D_V  # noqa: E402
+from attention_dynamics.native import causal_head_kernel  # noqa: E402
 from attention_dynamics.machine import cpu_model  # noqa: E402
 from attention_dynamics.tasks import sticky_chain as sc  # noqa: E402
 
@@ -78,6 +82,9 @@ def proposed_sources(folder: Path, patches: Path = PATCHES) -> Path:
         if done.returncode != 0:
             raise RuntimeError(f"{patch} does not apply to the library's kernel sources "
                                f"(they changed since it was written; remake it):\n{done.stdout}{done.stderr}")
+    for name in touched(patches):
+        if (folder / f"{name}.c").read_bytes() == (native.HERE / f"{name}.c").read_bytes():
+            raise RuntimeError(f"the patches in {patches} leave {name}.c as it is")
     return folder
 
 
@@ -85,8 +92,16 @@ def proposed_sources(folder: Path, patches: Path = PATCHES) -> Path:
 def built_from(folder: Path):
     """Inside the block the library builds and loads its kernels from ``folder`` (none of
     those loaded before is used); outside, from its own sources again."""
-    with mock.patch.object(native, "HERE", folder), mock.patch.dict(native._loaded, {}, clear=True):
+    with (mock.patch.object(native, "HERE", folder), mock.patch.dict(native._loaded, {}, clear=True),
+          mock.patch.dict(native._targets)):
         yield
+
+
+def loaded(name: str) -> str:
+    """The file kernel ``name`` was loaded from in this process (inside or outside
+    :func:`built_from`) and the target it was built for: what a contender really ran."""
+    libs = [lib for (source, _), lib in native._loaded.items() if source == f"{name}.c" and not isinstance(lib, Exception)]
+    return f"{', '.join(Path(lib._name).name for lib in libs) or 'none'} ({native._targets.get(name, '?')})"
 
 
 def touched(patches: Path = PATCHES) -> list[str]:
@@ -113,18 +128,25 @@ def choice_at_the_books_sizes(name: str, folder: Path, repeats: int) -> None:
     for label, make in CASES[name].items():
         fn = make()
 
-        def proposed():
-            with built_from(folder):
-                fn(True)  # builds and loads it, untimed
-                return seconds(fn, True)
+        def warm_then_timed(compiled):
+            fn(compiled)  # every contender: one untimed call right before its timed one
+            return seconds(fn, compiled)
 
-        contenders = {"library kernel": lambda: seconds(fn, True), "proposed kernel": proposed,
-                      "PyTorch": lambda: seconds(fn, False)}
-        fn(True), fn(False)  # build, warm up
+        def proposed():
+            with built_from(folder):  # the untimed call also loads the proposed kernel again
+                return warm_then_timed(True)
+
+        contenders = {"library kernel": lambda: warm_then_timed(True), "proposed kernel": proposed,
+                      "PyTorch": lambda: warm_then_timed(False)}
         times = {c: [] for c in contenders}
         for rep in range(repeats):
             for c in rotated(list(contenders), rep):
                 times[c].append(contenders[c]())
+        if label == next(iter(CASES[name])):
+            with built_from(folder):
+                fn(True)
+                ran = loaded(name)
+            print(f"  {name}: library kernel from {loaded(name)}, proposed from {ran}")
         med = {c: 1e3 * statistics.median(v) for c, v in times.items()}
         for c in ratios:
             ratios[c].append(med["PyTorch"] / med[c])
@@ -154,6 +176,8 @@ def sticky_chain_training(folder: Path, steps: int, repeats: int, seeds: list[in
         for name in rotated(list(paths), rep):
             context, kernel = paths[name]
             with context():
+                if kernel:  # loaded (built_from empties the loaded kernels) before the timer starts
+                    causal_head_kernel(D_K, sc.N_STATES)
                 final, step_ms, _, _ = time_fast(seeds, seq_len, steps, 64, kernel)
             ms[name].append(step_ms)
             finals[name] = np.asarray(final)
@@ -175,30 +199,32 @@ def sticky_chain_training(folder: Path, steps: int, repeats: int, seeds: list[in
     return diff
 
 
-def deep_variant_steps(folder: Path, steps: int) -> None:
+def deep_variant_steps(folder: Path, steps: int, repeats: int) -> None:
     """Whole training steps of the deep variant (benchmarks/deep_variant_speed.py's serial
-    loop: five seeds, AdamW), one thread, every attention call through the library's
-    kernel, the proposed one and PyTorch's SDPA."""
+    loop: five seeds, AdamW, a warm-up step before the timed ones), one thread, every
+    attention call through the library's kernel, the proposed one and PyTorch's SDPA,
+    ``repeats`` times in an order that rotates; prints the medians."""
     from deep_variant_speed import T, attention_through, serial
 
     torch.set_num_threads(1)
     x, y = torch.randn(5, 1, T, 20), torch.randint(0, 8, (5, 1, T))
-    contenders = {"library kernel": lambda: serial(x, y, steps)}
 
-    def proposed():
-        with built_from(folder):
-            return serial(x, y, steps)  # its warm-up step builds and loads the kernel
+    def through(compiled, context=contextlib.nullcontext):
+        def run():
+            with context(), attention_through(compiled):
+                return serial(x, y, steps)
+        return run
 
-    contenders["proposed kernel"] = proposed
-    res = {}
-    for name, run in contenders.items():
-        with attention_through(True):
-            res[name] = run()
-    with attention_through(False):
-        res["PyTorch SDPA"] = serial(x, y, steps)
-    for name, v in res.items():
-        print(f"  deep variant, {name:16s}: {1000 * v:7.1f} ms per seed-step, 1 thread "
-              f"({res['PyTorch SDPA'] / v:.2f}x SDPA)")
+    contenders = {"library kernel": through(True), "proposed kernel": through(True, lambda: built_from(folder)),
+                  "PyTorch SDPA": through(False)}
+    times = {c: [] for c in contenders}
+    for rep in range(repeats):
+        for c in rotated(list(contenders), rep):
+            times[c].append(contenders[c]())
+    med = {c: statistics.median(v) for c, v in times.items()}
+    for name, v in med.items():
+        print(f"  deep variant, {name:16s}: median {1000 * v:7.1f} ms per seed-step (of {len(times[name])}: "
+              f"{', '.join(f'{1000 * t:.1f}' for t in times[name])}), 1 thread ({med['PyTorch SDPA'] / v:.2f}x SDPA)")
 
 
 def main() -> int:
@@ -228,7 +254,7 @@ def main() -> int:
         if "causal_head" in kernels and args.steps:
             diff = sticky_chain_training(folder, args.steps, args.repeats, args.seeds, args.seq_len)
         if "causal_attention" in kernels and args.deep_steps:
-            deep_variant_steps(folder, args.deep_steps)
+            deep_variant_steps(folder, args.deep_steps, args.repeats)
     return 0 if diff <= 1e-4 else 1
 
 

@@ -363,10 +363,12 @@ def _proposed_violations(folder, seq_len, d_k, weight_scale):
 # d_k = 10 and 18 take the proposed kernel's path for keys wider than a machine vector on
 # AVX2 (two and four parts), d_k = 18 and 33 on AVX-512 too (two and four). The bounds of
 # the routing gradients grow with the length, so that at 150 positions they pass W_K's
-# gradient off by a half (a share of 0.5); the short cases (8 positions) are the ones
-# where the bounds can say no (test_the_proposed_kernels_check_rejects_planted_bugs).
+# gradient off by a half (a share of 0.5); the short cases (8 and 16 positions: one block
+# of queries and two) are the ones where the bounds can say no
+# (test_the_proposed_kernels_check_rejects_planted_bugs).
 @pytest.mark.parametrize("seq_len,d_k,weight_scale", [(150, 10, 1), (150, 10, 5), (2, 10, 1), (18, 3, 1), (70, 16, 1),
-                                                      (9, 10, 1), (9, 18, 1), (37, 33, 1)])
+                                                      (41, 7, 1), (9, 10, 1), (9, 18, 1), (17, 18, 1), (17, 33, 1),
+                                                      (37, 33, 1)])
 def test_the_proposed_kernel_computes_the_torch_paths_closed_forms(tmp_path, seq_len, d_k, weight_scale):
     """The kernel proposed in benchmarks/proposed/ (not the library's yet: see
     benchmarks/proposed_kernel.py), by the test above and its bounds, so that it is right
@@ -380,20 +382,23 @@ def test_the_proposed_kernel_computes_the_torch_paths_closed_forms(tmp_path, seq
     assert max(shares.values()) <= 1, f"errors as shares of their bounds {shares}"
 
 
-@pytest.mark.parametrize("line,bug,caught", [
-    ("for (int h = 0; h < KP; h += KW) {", "for (int h = 0; h < KW; h += KW) {", ("W_Q", "W_K")),  # the first part only
-    ("load_part(dk + (size_t)j * KP + h) + dkj);", "load_part(dk + (size_t)j * KP + h) + 0.5f * dkj);", ("W_K",)),
-    ("accq[r] += ds * kj;", "accq[r] += 0.75f * ds * kj;", ("W_Q",)),
-], ids=["first-part-only", "half-dk", "three-quarter-dq"])
-def test_the_proposed_kernels_check_rejects_planted_bugs(tmp_path, line, bug, caught):
+@pytest.mark.parametrize("line,bug,seq_len,caught", [
+    ("for (int h = 0; h < KP; h += KW) {", "for (int h = 0; h < KW; h += KW) {", 9, ("W_Q", "W_K")),  # the first part only
+    ("load_part(dk + (size_t)j * KP + h) + dkj);", "load_part(dk + (size_t)j * KP + h) + 0.5f * dkj);", 9, ("W_K",)),
+    ("accq[r] += ds * kj;", "accq[r] += 0.75f * ds * kj;", 9, ("W_Q",)),
+    # dk of the keys overwritten by each block of queries instead of summed over them: two blocks
+    ("store_part(dk + (size_t)j * KP + h, load_part(dk + (size_t)j * KP + h) + dkj);",
+     "store_part(dk + (size_t)j * KP + h, dkj);", 17, ("W_K",)),
+], ids=["first-part-only", "half-dk", "three-quarter-dq", "dk-not-summed-over-blocks"])
+def test_the_proposed_kernels_check_rejects_planted_bugs(tmp_path, line, bug, seq_len, caught):
     """Negative control of the test above: the patch with a bug planted in its path for wide
-    keys, at 8 positions and d_k = 18 (that path on AVX2 and AVX-512 alike), fails it in the
-    quantities the bug changes."""
+    keys, at d_k = 18 (that path on AVX2 and AVX-512 alike) and 8 or 16 positions, fails it in
+    the quantities the bug changes."""
     from support import planted_patches, proposed_kernels
 
     folder = proposed_kernels().proposed_sources(tmp_path / "native", planted_patches(tmp_path / "patches", "causal_head", line, bug))
     assert bug in (folder / "causal_head.c").read_text()
-    shares = _proposed_violations(folder, 9, 18, 1)
+    shares = _proposed_violations(folder, seq_len, 18, 1)
     assert all(shares[q] > 1 for q in caught), shares
 
 
