@@ -405,6 +405,46 @@ def test_the_proposed_kernels_check_rejects_planted_bugs(tmp_path, line, bug, se
     assert all(shares[q] > 1 for q in caught), shares
 
 
+@pytest.mark.parametrize("kernel,defines", [("causal_head", {"DK": 10, "KP": 16, "NC": 8}),
+                                            ("causal_attention", {"DH": 16})])
+def test_the_proposed_kernels_row_maximum_is_max_ofs(tmp_path, kernel, defines):
+    """Each proposed kernel's vectorized row maximum against vectors.h's scalar max_of, both
+    compiled as the kernel is, on rows of every length up to 5 machine vectors holding NaN,
+    infinities, signed zeros and -FLT_MAX: the same value (max_of passes over NaN). The
+    closed-form checks cannot see a wrong maximum: the softmax does not change when every
+    score is shifted by the same amount, until exp overflows."""
+    import ctypes
+
+    import attention_dynamics.native as native
+
+    from support import kernel_or_skip, proposed_kernels
+
+    kernel_or_skip(lambda: native.causal_head_kernel(10, 8))
+    folder = proposed_kernels().proposed_sources(tmp_path / "native")
+    # the kernel's text itself, not an #include of it: the build cache's key covers the
+    # source it compiles and the headers, not the files that source includes
+    (folder / "max_harness.c").write_text(
+        (folder / f"{kernel}.c").read_text()
+        + "\nfloat vector_max(const float *p, int n) { return max_of_vectors(p, n); }\n"
+        "float scalar_max(const float *p, int n) { return max_of(p, n); }\n")
+    path, _ = native._build(folder / "max_harness.c", defines)
+    lib = ctypes.CDLL(str(path))
+    for f in (lib.vector_max, lib.scalar_max):
+        f.argtypes, f.restype = [ctypes.c_void_p, ctypes.c_int], ctypes.c_float
+    rng = np.random.default_rng(0)
+    special = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, -np.finfo(np.float32).max], dtype=np.float32)
+    for trial in range(3000):
+        n = trial % 81
+        row = rng.normal(size=n).astype(np.float32) * 10
+        pick = rng.random(n) < 0.2
+        row[pick] = rng.choice(special, int(pick.sum()))
+        row = np.ascontiguousarray(row)
+        got, want = lib.vector_max(row.ctypes.data, n), lib.scalar_max(row.ctypes.data, n)
+        assert got == want, (row.tolist(), got, want)
+    planted = np.array([1.0, 2.0, 3.0, 9.0, 1.0, 2.0, 3.0, 4.0, 5.0], dtype=np.float32)  # the largest in the first vector
+    assert lib.vector_max(planted.ctypes.data, 9) == 9.0
+
+
 def test_a_proposed_patch_that_no_longer_applies_is_named(tmp_path):
     """A patch written against sources that have changed since is an error that names it,
     not a benchmark of the library's own kernel."""
