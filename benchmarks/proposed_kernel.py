@@ -56,7 +56,8 @@ import numpy as np
 import torch
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))  # run from anywhere, or loaded by path from a test
+if str(HERE) not in sys.path:  # run from anywhere, or loaded by path from a test
+    sys.path.insert(0, str(HERE))
 
 import attention_dynamics.native as native  # noqa: E402
 from attention_dynamics.causal_head import D_K, D_V  # noqa: E402

@@ -2,6 +2,7 @@
 commands of an executed chapter's provenance footer."""
 from __future__ import annotations
 
+import functools
 import os
 import shlex
 from contextlib import contextmanager
@@ -183,9 +184,10 @@ def environ_restored():
                 os.environ[k] = v
 
 
+@functools.cache
 def proposed_kernels():
     """benchmarks/proposed_kernel.py (kernels proposed as patches, not the library's yet),
-    loaded by its path."""
+    loaded by its path, once per session."""
     import importlib.util
 
     path = Path(__file__).resolve().parents[1] / "benchmarks" / "proposed_kernel.py"

@@ -378,9 +378,7 @@ def test_the_proposed_kernel_computes_the_torch_paths_closed_forms(tmp_path, seq
     before a paper build adopts it."""
     from support import proposed_kernels
 
-    proposed = proposed_kernels()
-    folder = proposed.proposed_sources(tmp_path / "native")
-    assert (folder / "causal_head.c").read_text() != (proposed.native.HERE / "causal_head.c").read_text()
+    folder = proposed_kernels().proposed_sources(tmp_path / "native")  # refuses patches that change nothing
     shares = _proposed_violations(folder, seq_len, d_k, weight_scale)
     assert max(shares.values()) <= 1, f"errors as shares of their bounds {shares}"
 
@@ -409,7 +407,7 @@ def test_the_proposed_kernels_check_rejects_planted_bugs(tmp_path, line, bug, se
                                             ("causal_attention", {"DH": 16})])
 def test_the_proposed_kernels_row_maximum_is_max_ofs(tmp_path, kernel, defines):
     """Each proposed kernel's vectorized row maximum against vectors.h's scalar max_of, both
-    compiled as the kernel is, on rows of every length up to 5 machine vectors holding NaN,
+    compiled as the kernel is, on rows of every length from 0 to 80 (10 AVX2 vectors) holding NaN,
     infinities, signed zeros and -FLT_MAX: the same value (max_of passes over NaN). The
     closed-form checks cannot see a wrong maximum: the softmax does not change when every
     score is shifted by the same amount, until exp overflows."""
