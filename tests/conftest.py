@@ -71,6 +71,11 @@ def _needed(session, names: list[str]) -> list[str]:
 
 # its chapters without kernels run in the quick book's process too, right after the book
 WITHOUT_KERNELS_TEST = "test_the_pytorch_paths_give_every_chapter_the_same_claims"
+# The session's own tests run one after another and end the suite, the book beside them has
+# time to spare (benchmarks/suite_time.py: on 2 CPUs the book ended about 75 s before the tests
+# that read it began): the book yields. Nice 10 weighs 110 against a test's 1024, so a test
+# that wants a core gets nine tenths of it, and the book every cycle the tests leave.
+BOOK_NICENESS = 10
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -85,7 +90,8 @@ def _quick_book_beside(request, tmp_path_factory, artifact_store):
         yield None
         return
     out, results = tmp_path_factory.mktemp("chapters"), tmp_path_factory.mktemp("quick-book") / "results.json"
-    cmd = [sys.executable, str(ROOT / "tests" / "quick_book.py"), "--stop-with-stdin", str(root), str(out), str(results), *names]
+    cmd = [sys.executable, str(ROOT / "tests" / "quick_book.py"), "--stop-with-stdin", "--nice", str(BOOK_NICENESS),
+           str(root), str(out), str(results), *names]
     leg = None
     if any(item.name == WITHOUT_KERNELS_TEST for item in request.session.items):
         leg = (tmp_path_factory.mktemp("chapters-pytorch"), results.with_name("without-kernels.json"))

@@ -1,7 +1,7 @@
 """The quick book's chapters, executed in a process of their own while the test session runs
 the tests that do not read them (conftest.quick_runs):
 
-    python quick_book.py [--stop-with-stdin] ROOT OUT RESULTS NAME [NAME ...] [--then-without-kernels OUT2 RESULTS2]
+    python quick_book.py [--stop-with-stdin] [--nice N] ROOT OUT RESULTS NAME [NAME ...] [--then-without-kernels OUT2 RESULTS2]
 
 runs the named chapters at the quick profile into OUT, side by side as the runner does, and
 writes RESULTS: chapter name -> its record and the stored models its plan made first. With
@@ -11,7 +11,10 @@ path made in this one is inherited) into OUT2, their records in RESULTS2 (empty 
 kernel ran). A process, not a thread of the session: a thread's process pool would fork a
 process whose other threads are running tests, and its kernels would see whatever
 environment a test had patched at the time. ``--stop-with-stdin``: the whole process group
-is killed when stdin closes (the session's end, however it ends)."""
+is killed when stdin closes (the session's end, however it ends). ``--nice N``: the book runs
+N steps nicer, its chapters' kernels too (attention_dynamics.book.kernel.carry_into_session), so that the
+session's own tests, which run one after another and set the suite's end, are not slowed by
+it (conftest's choice)."""
 from __future__ import annotations
 
 import os
@@ -22,7 +25,7 @@ import threading
 from pathlib import Path
 
 from attention_dynamics.book.jobs import make_jobs
-from attention_dynamics.book.scheduling import run_chapters
+from attention_dynamics.book.scheduling import lower_priority, run_chapters
 from attention_dynamics.files import write_json_atomic
 from suite_times import TIMES_ENV, note_time
 
@@ -65,6 +68,9 @@ def main(argv: list[str]) -> None:
     if argv[:1] == ["--stop-with-stdin"]:  # conftest's: this process leads the book's own process group
         argv = argv[1:]
         _die_with_the_session()
+    if argv[:1] == ["--nice"]:
+        lower_priority(int(argv[1]))
+        argv = argv[2:]
     root, out, results, *names = argv
     note_time("start")
     done = run(root, out, results, names)

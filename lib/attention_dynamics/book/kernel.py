@@ -50,8 +50,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
-__all__ = ["ACK", "PRELOADED", "KERNEL_MODULE", "PRELOAD_FLAG", "TEMPLATE_FLAG", "main", "message_head",
-           "read_message"]
+__all__ = ["ACK", "PRELOADED", "KERNEL_MODULE", "PRELOAD_FLAG", "TEMPLATE_FLAG", "carry_into_session", "main",
+           "message_head", "read_message"]
 
 KERNEL_MODULE = "attention_dynamics.book.kernel"
 PRELOAD_FLAG = "--preload"
@@ -291,6 +291,7 @@ def _become_kernel(request: dict, streams: list[int], filters: list, libraries_f
     import warnings
 
     os.setsid()  # as jupyter_client starts a kernel: its own process group, which it signals
+    carry_into_session()
     for i, s in enumerate(streams):
         os.dup2(s, i)
         os.close(s)
@@ -326,6 +327,53 @@ def _become_kernel(request: dict, streams: list[int], filters: list, libraries_f
     for handler, name in rebind:
         handler.setStream(getattr(sys, name))
     app.start()
+
+
+# --- niceness across sessions --------------------------------------------------------------
+# Where Linux groups the CPU by session (kernel.sched_autogroup_enabled, on by default on many
+# distributions), the scheduler shares the CPUs among *autogroups*, one per session, and applies
+# niceness only within each. A process that starts a session of its own (setsid: jupyter_client
+# starts every kernel so, and the templates and their kernels do likewise) gets a new autogroup
+# at nice 0 whatever its own niceness, so a book run at a lower priority (nice, or the test
+# session's quick book beside the tests) would have its kernels compete at full weight. Here,
+# not in a module of its own: a forked kernel calls it, and must hold no module a plain kernel
+# does not (tests/test_kernel.py).
+
+AUTOGROUP = Path("/proc/self/autogroup")
+# Linux refuses a second autogroup change within 100 ms (EAGAIN) to a process without
+# CAP_SYS_ADMIN: kernels starting side by side may meet it
+_AUTOGROUP_RETRIES, _AUTOGROUP_RETRY_WAIT_S = 5, 0.11
+
+
+def carry_into_session(pid: int = 0) -> bool:
+    """Give the autogroup of process ``pid`` (0: this one) that process's niceness; whether
+    it was written. Call it right after the process has started a session (its autogroup is
+    then its own): in the process itself, or in its parent once :class:`subprocess.Popen`
+    with ``start_new_session`` has returned. Nothing is written for a process that does not
+    lead its session (the autogroup is its session's, shared with the processes that
+    started it), at niceness 0 or below (a new autogroup is at 0; below needs a privilege),
+    nor where the system has no autogroups (not Linux, or a kernel without them): there
+    niceness applies across sessions already."""
+    import errno
+    import os
+    import time
+
+    file = AUTOGROUP if pid == 0 else Path(f"/proc/{pid}/autogroup")
+    try:
+        n, leads = os.getpriority(os.PRIO_PROCESS, pid), os.getsid(pid) == (pid or os.getpid())
+    except OSError:  # it has ended
+        return False
+    if n <= 0 or not leads or not file.exists():
+        return False
+    for attempt in range(_AUTOGROUP_RETRIES):
+        try:
+            file.write_text(str(n))
+            return True
+        except OSError as e:
+            if e.errno != errno.EAGAIN or attempt == _AUTOGROUP_RETRIES - 1:
+                return False  # a scheduling hint: the kernel runs as it would have without it
+            time.sleep(_AUTOGROUP_RETRY_WAIT_S)
+    return False
 
 
 # --- the socket: a message is its length in 8 digits, then JSON; a request carries the ------

@@ -44,7 +44,7 @@ import time
 
 from jupyter_client.provisioning import LocalProvisioner
 
-from .kernel import ACK, KERNEL_MODULE, PRELOAD_FLAG, TEMPLATE_FLAG, message_head, read_message
+from .kernel import ACK, KERNEL_MODULE, PRELOAD_FLAG, TEMPLATE_FLAG, carry_into_session, message_head, read_message
 
 __all__ = ["ChapterProvisioner", "ForkedKernel", "KernelTemplate", "MAX_TEMPLATES", "fork_kernel", "templates_enabled"]
 
@@ -115,6 +115,7 @@ class KernelTemplate:
             raise TemplateFailed(f"the kernel template could not start: {e}") from None
         finally:
             theirs.close()
+        carry_into_session(self.process.pid)
         self.socket = ours
         self.socket.settimeout(REPLY_TIMEOUT_S)
         self.lock = threading.Lock()
@@ -321,7 +322,7 @@ class ChapterProvisioner(LocalProvisioner):
     async def launch_kernel(self, cmd: list[str], **kwargs):
         head = [sys.executable, "-m", KERNEL_MODULE, PRELOAD_FLAG]
         if cmd[:4] != head or not templates_enabled():
-            return await super().launch_kernel(cmd, **kwargs)
+            return await self._launch_plain(cmd, **kwargs)
         preload = tuple(cmd[4].split(","))
         env = dict(kwargs.get("env") or os.environ)
         env["JPY_PARENT_PID"] = str(os.getpid())  # as jupyter_client's launch_kernel sets it
@@ -331,8 +332,13 @@ class ChapterProvisioner(LocalProvisioner):
         except TemplateFailed as e:
             if not e.noted:
                 print(f"note: {e}; starting kernels of this environment the plain way", file=sys.stderr, flush=True)
-            return await super().launch_kernel(cmd, **kwargs)
+            return await self._launch_plain(cmd, **kwargs)
         self.process = ForkedKernel(pid)
         self.pid = self.pgid = pid  # the kernel leads a session of its own
         self.cwd = cwd
         return self.connection_info
+
+    async def _launch_plain(self, cmd: list[str], **kwargs):
+        info = await super().launch_kernel(cmd, **kwargs)
+        carry_into_session(self.pid)  # jupyter_client started it in a session of its own
+        return info
