@@ -26,6 +26,8 @@ def _autogroups() -> bool:
 
 
 needs_autogroups = pytest.mark.skipif(not _autogroups(), reason="this system does not share the CPUs by session")
+# the expected niceness below is absolute: a suite started niced would read it shifted
+from_nice_0 = pytest.mark.skipif(os.getpriority(os.PRIO_PROCESS, 0) != 0, reason="the test session is niced")
 
 
 def _in_new_session(code: str) -> dict:
@@ -40,6 +42,7 @@ READ = "open('/proc/self/autogroup').read().split()[-1]"
 
 
 @needs_autogroups
+@from_nice_0
 def test_a_new_session_is_at_nice_0_whatever_the_process_and_carrying_gives_it_the_process_niceness():
     """The negative control is the problem itself: niced, then a session of its own, and the
     autogroup reads 0; carried, it reads the niceness."""
@@ -103,6 +106,7 @@ def test_lower_priority_names_its_range(steps):
 
 
 @needs_autogroups
+@from_nice_0
 def test_a_niced_runners_kernels_plain_and_forked_run_at_its_niceness():
     """A runner that lowered its priority by 4 executes a chapter in a plain kernel and in
     one forked from a template: in both the kernel's own niceness and its autogroup's are 4."""

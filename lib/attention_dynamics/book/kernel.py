@@ -340,8 +340,9 @@ def _become_kernel(request: dict, streams: list[int], filters: list, libraries_f
 # does not (tests/test_kernel.py).
 
 AUTOGROUP = Path("/proc/self/autogroup")
-# Linux refuses a second autogroup change within 100 ms (EAGAIN) to a process without
-# CAP_SYS_ADMIN: kernels starting side by side may meet it
+# Linux refuses an autogroup change within 100 ms of the last one anywhere on the system
+# (EAGAIN) to a process without CAP_SYS_ADMIN: kernels starting side by side may meet it, and
+# past the retries a kernel runs at its autogroup's weight, as it did before
 _AUTOGROUP_RETRIES, _AUTOGROUP_RETRY_WAIT_S = 5, 0.11
 
 
@@ -359,11 +360,13 @@ def carry_into_session(pid: int = 0) -> bool:
     import time
 
     file = AUTOGROUP if pid == 0 else Path(f"/proc/{pid}/autogroup")
+    if not file.exists():  # first: os.getsid and os.getpriority are missing on Windows
+        return False
     try:
         n, leads = os.getpriority(os.PRIO_PROCESS, pid), os.getsid(pid) == (pid or os.getpid())
     except OSError:  # it has ended
         return False
-    if n <= 0 or not leads or not file.exists():
+    if n <= 0 or not leads:
         return False
     for attempt in range(_AUTOGROUP_RETRIES):
         try:
