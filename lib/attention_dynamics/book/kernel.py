@@ -373,10 +373,10 @@ def carry_into_session(pid: int = 0) -> bool:
             file.write_text(str(n))
             return True
         except OSError as e:
-            if e.errno != errno.EAGAIN or attempt == _AUTOGROUP_RETRIES - 1:
-                return False  # a scheduling hint: the kernel runs as it would have without it
+            if e.errno != errno.EAGAIN:
+                break
             time.sleep(_AUTOGROUP_RETRY_WAIT_S)
-    return False
+    return False  # a scheduling hint: the kernel runs as it would have without it
 
 
 # --- the socket: a message is its length in 8 digits, then JSON; a request carries the ------
