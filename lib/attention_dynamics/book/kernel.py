@@ -50,7 +50,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-__all__ = ["ACK", "PRELOADED", "KERNEL_MODULE", "PRELOAD_FLAG", "TEMPLATE_FLAG", "carry_into_session", "main",
+__all__ = ["ACK", "PRELOADED", "KERNEL_MODULE", "PRELOAD_FLAG", "TEMPLATE_FLAG", "carry_into_session", "carry_into_session_soon", "main",
            "message_head", "read_message"]
 
 KERNEL_MODULE = "attention_dynamics.book.kernel"
@@ -291,10 +291,10 @@ def _become_kernel(request: dict, streams: list[int], filters: list, libraries_f
     import warnings
 
     os.setsid()  # as jupyter_client starts a kernel: its own process group, which it signals
-    carry_into_session()
     for i, s in enumerate(streams):
         os.dup2(s, i)
         os.close(s)
+    carry_into_session()  # here, not in a thread: nothing of this kernel runs yet; its note on its own stderr
     deadline = time.monotonic() + ADOPTION_WAIT_S
     while os.getppid() != request["parent"]:  # ipykernel's parent poller compares the two
         if time.monotonic() > deadline:
@@ -341,22 +341,34 @@ def _become_kernel(request: dict, streams: list[int], filters: list, libraries_f
 
 AUTOGROUP = Path("/proc/self/autogroup")
 # Linux refuses an autogroup change within 100 ms of the last one anywhere on the system
-# (EAGAIN) to a process without CAP_SYS_ADMIN: kernels starting side by side may meet it, and
-# past the retries a kernel runs at its autogroup's weight, as it did before
+# (EAGAIN) to a process without CAP_SYS_ADMIN, so kernels starting side by side queue for it:
+# about one change per 100 ms. Those that may start at once here are a kernel and a template
+# per worker, a worker per usable CPU; the patience covers all of them and a few more (past
+# it the kernel runs at its autogroup's weight, as it did before, and says so).
 _AUTOGROUP_RETRIES, _AUTOGROUP_RETRY_WAIT_S = 5, 0.11
+
+
+def _autogroup_attempts() -> int:
+    import os
+
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return _AUTOGROUP_RETRIES + 2 * cpus
 
 
 def carry_into_session(pid: int = 0) -> bool:
     """Give the autogroup of process ``pid`` (0: this one) that process's niceness; whether
     it was written. Call it right after the process has started a session (its autogroup is
     then its own): in the process itself, or in its parent once :class:`subprocess.Popen`
-    with ``start_new_session`` has returned. Nothing is written for a process that does not
-    lead its session (the autogroup is its session's, shared with the processes that
-    started it), at niceness 0 or below (a new autogroup is at 0; below needs a privilege),
-    nor where the system has no autogroups (not Linux, or a kernel without them): there
-    niceness applies across sessions already."""
+    with ``start_new_session`` has returned (:func:`carry_into_session_soon`, not to wait
+    there). Nothing is written for a process that does not lead its session (the autogroup
+    is its session's, shared with the processes that started it), at niceness 0 or below (a
+    new autogroup is at 0; below needs a privilege), nor where the system has no autogroups
+    (not Linux, or a kernel without them): there niceness applies across sessions already.
+    Linux's throttle is waited out for :func:`_autogroup_attempts` tries; past them, a note
+    on stderr."""
     import errno
     import os
+    import sys
     import time
 
     file = AUTOGROUP if pid == 0 else Path(f"/proc/{pid}/autogroup")
@@ -368,15 +380,31 @@ def carry_into_session(pid: int = 0) -> bool:
         return False
     if n <= 0 or not leads:
         return False
-    for attempt in range(_AUTOGROUP_RETRIES):
+    attempts = _autogroup_attempts()
+    for attempt in range(attempts):
         try:
             file.write_text(str(n))
             return True
         except OSError as e:
             if e.errno != errno.EAGAIN:
-                break
-            time.sleep(_AUTOGROUP_RETRY_WAIT_S)
-    return False  # a scheduling hint: the kernel runs as it would have without it
+                return False  # a scheduling hint: the kernel runs as it would have without it
+            if attempt + 1 < attempts:
+                time.sleep(_AUTOGROUP_RETRY_WAIT_S)
+    print(f"note: process {pid or os.getpid()} runs at nice {n} in a session whose CPU share stays at nice 0: "
+          f"Linux refused {attempts} changes of its autogroup {_AUTOGROUP_RETRY_WAIT_S} s apart (EAGAIN: too "
+          "many processes started sessions at once)", file=sys.stderr)
+    return False
+
+
+def carry_into_session_soon(pid: int):
+    """:func:`carry_into_session` for another process, in a thread of this one, so that its
+    waits on Linux's throttle do not hold up the caller (a runner starting its kernels); the
+    thread (a daemon: the change is a hint, not worth an exit's wait)."""
+    import threading
+
+    thread = threading.Thread(target=carry_into_session, args=(pid,), name=f"carry-nice-{pid}", daemon=True)
+    thread.start()
+    return thread
 
 
 # --- the socket: a message is its length in 8 digits, then JSON; a request carries the ------

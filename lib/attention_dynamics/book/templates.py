@@ -44,7 +44,7 @@ import time
 
 from jupyter_client.provisioning import LocalProvisioner
 
-from .kernel import ACK, KERNEL_MODULE, PRELOAD_FLAG, TEMPLATE_FLAG, carry_into_session, message_head, read_message
+from .kernel import ACK, KERNEL_MODULE, PRELOAD_FLAG, TEMPLATE_FLAG, carry_into_session_soon, message_head, read_message
 
 __all__ = ["ChapterProvisioner", "ForkedKernel", "KernelTemplate", "MAX_TEMPLATES", "fork_kernel", "templates_enabled"]
 
@@ -115,7 +115,7 @@ class KernelTemplate:
             raise TemplateFailed(f"the kernel template could not start: {e}") from None
         finally:
             theirs.close()
-        carry_into_session(self.process.pid)
+        carry_into_session_soon(self.process.pid)
         self.socket = ours
         self.socket.settimeout(REPLY_TIMEOUT_S)
         self.lock = threading.Lock()
@@ -340,5 +340,5 @@ class ChapterProvisioner(LocalProvisioner):
 
     async def _launch_plain(self, cmd: list[str], **kwargs):
         info = await super().launch_kernel(cmd, **kwargs)
-        carry_into_session(self.pid)  # jupyter_client started it in a session of its own
+        carry_into_session_soon(self.pid)  # jupyter_client started it in a session of its own
         return info
