@@ -398,8 +398,8 @@ def carry_into_session(pid: int = 0) -> bool:
 
 def carry_into_session_soon(pid: int):
     """:func:`carry_into_session` for another process, in a thread of this one, so that its
-    waits on Linux's throttle do not hold up the caller (a runner starting its kernels).
-    Returns the thread, a daemon: the change is a hint, not worth a wait at exit."""
+    waits on Linux's throttle do not hold up the caller (a runner starting its kernels); the
+    thread (a daemon: the change is a hint, not worth an exit's wait)."""
     import threading
 
     thread = threading.Thread(target=carry_into_session, args=(pid,), name=f"carry-nice-{pid}", daemon=True)

@@ -44,8 +44,7 @@ import time
 
 from jupyter_client.provisioning import LocalProvisioner
 
-from .kernel import (ACK, KERNEL_MODULE, PRELOAD_FLAG, TEMPLATE_FLAG, carry_into_session, carry_into_session_soon,
-                     message_head, read_message)
+from .kernel import ACK, KERNEL_MODULE, PRELOAD_FLAG, TEMPLATE_FLAG, carry_into_session_soon, message_head, read_message
 
 __all__ = ["ChapterProvisioner", "ForkedKernel", "KernelTemplate", "MAX_TEMPLATES", "fork_kernel", "templates_enabled"]
 
@@ -340,10 +339,6 @@ class ChapterProvisioner(LocalProvisioner):
         return self.connection_info
 
     async def _launch_plain(self, cmd: list[str], **kwargs):
-        import asyncio
-
         info = await super().launch_kernel(cmd, **kwargs)
-        # jupyter_client started it in a session of its own; carried before the kernel is
-        # handed back (its first cell then runs niced), in a thread so the event loop goes on
-        await asyncio.to_thread(carry_into_session, self.pid)
+        carry_into_session_soon(self.pid)  # jupyter_client started it in a session of its own
         return info
