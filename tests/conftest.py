@@ -73,8 +73,9 @@ def _needed(session, names: list[str]) -> list[str]:
 WITHOUT_KERNELS_TEST = "test_the_pytorch_paths_give_every_chapter_the_same_claims"
 # The session's own tests run one after another and end the suite, the book beside them has
 # time to spare (benchmarks/suite_time.py on 2 CPUs, AMD EPYC 25/1: at nice 0 the tests ran
-# 157 s after the book had ended, alone on one core; at nice 10, 4-32 s): the book yields. Nice 10 weighs 110 against a test's 1024, so a test
-# that wants a core gets nine tenths of it, and the book every cycle the tests leave.
+# 157 s after the book had ended, alone on one core; at nice 10, 4-32 s): the book yields.
+# Nice 10 weighs 110 against a test's 1024, so a test that wants a core gets nine tenths of
+# it, and the book every cycle the tests leave.
 BOOK_NICENESS = 10
 
 

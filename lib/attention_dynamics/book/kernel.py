@@ -50,8 +50,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
-__all__ = ["ACK", "PRELOADED", "KERNEL_MODULE", "PRELOAD_FLAG", "TEMPLATE_FLAG", "carry_into_session", "carry_into_session_soon", "main",
-           "message_head", "read_message"]
+__all__ = ["ACK", "PRELOADED", "KERNEL_MODULE", "PRELOAD_FLAG", "TEMPLATE_FLAG", "carry_into_session",
+           "carry_into_session_soon", "main", "message_head", "read_message", "usable_cpus"]
 
 KERNEL_MODULE = "attention_dynamics.book.kernel"
 PRELOAD_FLAG = "--preload"
@@ -348,11 +348,20 @@ AUTOGROUP = Path("/proc/self/autogroup")
 _AUTOGROUP_RETRIES, _AUTOGROUP_RETRY_WAIT_S = 5, 0.11
 
 
-def _autogroup_attempts() -> int:
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity; all of them off Linux). Here, where a
+    forked kernel can reach it without the scheduling module; attention_dynamics.book.scheduling
+    exports it."""
     import os
 
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return _AUTOGROUP_RETRIES + 2 * cpus
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _autogroup_attempts() -> int:
+    return _AUTOGROUP_RETRIES + 2 * usable_cpus()
 
 
 def carry_into_session(pid: int = 0) -> bool:
@@ -398,8 +407,8 @@ def carry_into_session(pid: int = 0) -> bool:
 
 def carry_into_session_soon(pid: int):
     """:func:`carry_into_session` for another process, in a thread of this one, so that its
-    waits on Linux's throttle do not hold up the caller (a runner starting its kernels); the
-    thread (a daemon: the change is a hint, not worth an exit's wait)."""
+    waits on Linux's throttle do not hold up the caller (a runner starting its kernels).
+    Returns the thread, a daemon: the change is a hint, not worth a wait at exit."""
     import threading
 
     thread = threading.Thread(target=carry_into_session, args=(pid,), name=f"carry-nice-{pid}", daemon=True)

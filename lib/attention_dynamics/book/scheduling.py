@@ -18,24 +18,16 @@ from pathlib import Path
 from ..store import missing_seconds, own_seconds
 from .jobs import RESULTS, Job, JobResult
 from .dispatch import Dispatch, one_after_another
+from .kernel import carry_into_session, usable_cpus
 
 __all__ = ["usable_cpus", "expected_seconds", "longest_first", "run_chapters", "run_jobs", "run_grid",
            "dask_executor", "local_workers", "lower_priority", "malloc_trim_warning", "SCHEDULER_TIMEOUT_S"]
-
-
-def usable_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def lower_priority(steps: int) -> int:
     """This process ``steps`` nicer, and its autogroup where it leads a session of its own
     (what it starts inherits the niceness; its kernels carry it into their sessions:
     :func:`attention_dynamics.book.kernel.carry_into_session`); the niceness it has now."""
-    from .kernel import carry_into_session
-
     if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= 19:
         raise ValueError(f"steps must be an integer from 1 to 19 (the range of niceness), got {steps!r}")
     os.nice(steps)
