@@ -57,89 +57,141 @@ def test_a_new_session_is_at_nice_0_whatever_the_process_and_carrying_gives_it_t
     assert got == {"before": 0, "carried": True, "after": 3, "nice": 3}
 
 
-def test_nothing_is_written_at_nice_0_nor_by_a_process_that_does_not_lead_its_session(tmp_path, monkeypatch):
-    file = tmp_path / "autogroup"
-    file.write_text("/autogroup-1 nice 0\n")
-    monkeypatch.setattr(kernel, "AUTOGROUP", file)
+class _Autogroup:
+    """The autogroup file faked: each open is a descriptor of /dev/null (so that its close is
+    real), each write recorded as (pid, text), the first ones refused with ``codes``."""
+
+    def __init__(self, monkeypatch, codes=(), hold=None):
+        self.codes, self.hold, self.tries, self.opened = list(codes), hold, [], []
+        monkeypatch.setattr(kernel, "_open_autogroup", self._open)
+        monkeypatch.setattr(kernel, "_write_autogroup", self._write)
+
+    def _open(self, pid):
+        fd = os.open(os.devnull, os.O_WRONLY)
+        self.opened.append(fd)
+        self.pid = pid
+        return fd
+
+    def _write(self, fd, text):
+        assert fd in self.opened
+        if self.hold is not None:
+            assert self.hold.wait(60)
+        self.tries.append((self.pid, text))
+        if self.codes:
+            raise OSError(self.codes.pop(0), "refused")
+
+    def all_closed(self) -> bool:
+        for fd in self.opened:
+            try:
+                os.fstat(fd)
+            except OSError:
+                continue
+            return False
+        return True
+
+
+def test_nothing_is_written_at_nice_0_nor_by_a_process_that_does_not_lead_its_session(monkeypatch):
+    group = _Autogroup(monkeypatch)
     monkeypatch.setattr(os, "getpriority", lambda which, who: 0)
     monkeypatch.setattr(os, "getsid", lambda pid: os.getpid())
     assert kernel.carry_into_session() is False
     monkeypatch.setattr(os, "getpriority", lambda which, who: 7)
     monkeypatch.setattr(os, "getsid", lambda pid: os.getpid() + 1)  # a session someone else leads
     assert kernel.carry_into_session() is False
-    assert file.read_text() == "/autogroup-1 nice 0\n"
+    assert group.tries == []
     monkeypatch.setattr(os, "getsid", lambda pid: os.getpid())
-    assert kernel.carry_into_session() is True and file.read_text() == "7"
+    assert kernel.carry_into_session() is True and group.tries == [(0, "7")]
+    assert len(group.opened) == 3 and group.all_closed()
 
 
-class _Refusing:
-    """An autogroup file that refuses its first writes with the given error codes."""
+def test_a_process_without_an_autogroup_file_is_left_alone(tmp_path, monkeypatch):
+    monkeypatch.setattr(kernel, "AUTOGROUP", tmp_path / "missing")
+    assert kernel._open_autogroup(0) is None and kernel.carry_into_session() is False
 
-    def __init__(self, codes, tries):
-        self.codes, self.tries = list(codes), tries
 
-    def exists(self):
-        return True
+@needs_autogroups
+def test_a_descriptor_held_across_the_retries_refuses_a_write_once_its_process_has_ended():
+    """Why the file is opened once: after the process has ended (and been reaped, its pid free
+    for another), a write through the descriptor answers ESRCH; a path opened again would
+    reach whichever process has that pid now."""
+    import errno
 
-    def write_text(self, text):
-        self.tries.append(text)
-        if self.codes:
-            raise OSError(self.codes.pop(0), "refused")
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    fd = kernel._open_autogroup(child.pid)
+    assert fd is not None
+    try:
+        child.stdin.close()
+        child.wait(60)
+        with pytest.raises(OSError) as e:
+            kernel._write_autogroup(fd, "0")
+        assert e.value.errno == errno.ESRCH
+    finally:
+        os.close(fd)
 
 
 def test_the_kernels_throttle_is_waited_out_for_every_process_that_may_start_at_once(monkeypatch, capsys):
     """Linux lets one autogroup change through per 100 ms: with 8 usable CPUs, up to 8 workers
-    each start a kernel and a template, so the 16 changes and 5 more are waited out; one
-    refusal more is given up with a note, and a refusal other than the throttle at once."""
+    each start a kernel and a template, so 16 changes and 5 more may queue. The patience is
+    twice their time at one per round (2 x 21 x 0.11 s); the queue is waited out even if every
+    wait is drawn at its longest; past the patience the carry gives up with a note that names
+    the process; a refusal other than the throttle gives up at once. On a clock of the test's:
+    the waits advance it, nothing sleeps."""
     import errno
+    import time
 
     monkeypatch.setattr(os, "getpriority", lambda which, who: 5)
-    monkeypatch.setattr(os, "getsid", lambda pid: os.getpid())
+    monkeypatch.setattr(os, "getsid", lambda pid: pid or os.getpid())
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
-    monkeypatch.setattr(kernel, "_AUTOGROUP_RETRY_WAIT_S", 0.0)
-    attempts = kernel._AUTOGROUP_RETRIES + 2 * 8
-    assert kernel._autogroup_attempts() == attempts
-    tries = []
-    monkeypatch.setattr(kernel, "AUTOGROUP", _Refusing([errno.EAGAIN] * (attempts - 1), tries))
-    assert kernel.carry_into_session() is True and len(tries) == attempts
-    assert capsys.readouterr().err == ""
-    tries.clear()
-    monkeypatch.setattr(kernel, "AUTOGROUP", _Refusing([errno.EAGAIN] * attempts, tries))
-    assert kernel.carry_into_session() is False and len(tries) == attempts
-    assert f"Linux refused {attempts} changes of its autogroup" in capsys.readouterr().err
-    tries.clear()
-    monkeypatch.setattr(kernel, "AUTOGROUP", _Refusing([errno.EPERM], tries))
-    assert kernel.carry_into_session() is False and len(tries) == 1
-    assert capsys.readouterr().err == ""
+    queued = kernel._AUTOGROUP_RETRIES + 2 * 8
+    patience = kernel._autogroup_patience_s()
+    assert patience == pytest.approx(2 * queued * kernel._AUTOGROUP_RETRY_WAIT_S)
+    now = [0.0]
+    waits = []
+
+    def sleep(s):
+        waits.append(s)
+        now[0] += s
+
+    def carry(codes, pid=0, role="this process"):
+        group = _Autogroup(monkeypatch, codes)
+        now[0], waits[:] = 0.0, []
+        with monkeypatch.context() as m:
+            m.setattr(time, "monotonic", lambda: now[0])
+            m.setattr(time, "sleep", sleep)
+            got = kernel.carry_into_session(pid, role)
+        assert len(group.opened) == 1 and group.all_closed()  # one descriptor for all the tries
+        return got, group.tries
+
+    got, tries = carry([errno.EAGAIN] * queued)
+    assert got is True and len(tries) == queued + 1 and capsys.readouterr().err == ""
+    longest = 1.5 * kernel._AUTOGROUP_RETRY_WAIT_S
+    assert all(0.5 * kernel._AUTOGROUP_RETRY_WAIT_S <= w <= longest for w in waits) and len(set(waits)) > 1
+    got, tries = carry([errno.EAGAIN] * 10_000, pid=4242, role="a kernel template")
+    assert got is False and patience <= now[0] < patience + longest
+    assert len(tries) >= patience / longest and all(t == (4242, "5") for t in tries)
+    err = capsys.readouterr().err
+    assert f"note: a kernel template (pid 4242) runs at nice 5" in err, err
+    assert f"Linux refused {len(tries)} changes of its autogroup over {patience:.1f} s" in err, err
+    got, tries = carry([errno.EPERM])
+    assert got is False and len(tries) == 1 and capsys.readouterr().err == ""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    assert kernel._autogroup_patience_s() == pytest.approx(2 * (kernel._AUTOGROUP_RETRIES + 2) * kernel._AUTOGROUP_RETRY_WAIT_S)
 
 
 def test_a_carry_for_another_process_waits_in_a_thread_not_in_the_caller(monkeypatch):
     """The runner starts a kernel and goes on while the change waits (on the throttle; here on
     an event the test holds): the caller has the thread back with the write still pending."""
     import threading
-    from pathlib import Path
 
-    release, written = threading.Event(), []
-
-    class Held:
-        def __init__(self, path):
-            self.path = path
-
-        def exists(self):
-            return True
-
-        def write_text(self, text):
-            assert release.wait(60)
-            written.append((self.path, text))
-
-    monkeypatch.setattr(kernel, "Path", Held)
+    release = threading.Event()
+    group = _Autogroup(monkeypatch, hold=release)
     monkeypatch.setattr(os, "getpriority", lambda which, who: 6)
     monkeypatch.setattr(os, "getsid", lambda pid: pid)
-    thread = kernel.carry_into_session_soon(4242)
-    assert thread.daemon and thread.is_alive() and written == []
+    thread = kernel.carry_into_session_soon(4242, "a chapter's kernel")
+    assert thread.daemon and thread.is_alive() and group.tries == []
     release.set()
     thread.join(60)
-    assert not thread.is_alive() and written == [("/proc/4242/autogroup", "6")]
+    assert not thread.is_alive() and group.tries == [(4242, "6")]
 
 
 @pytest.mark.parametrize("steps", [0, 20, -1, 2.0, True, "3"])

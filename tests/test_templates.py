@@ -308,3 +308,77 @@ def test_a_switch_that_is_neither_0_nor_1_is_named(tmp_path, monkeypatch):
     with pytest.raises(NotebookFailed, match="ATTENTION_DYNAMICS_KERNEL_TEMPLATE must be '0' or '1', got 'yes'"):
         execute(job)
     assert not (tmp_path / "out" / "tiny.json").exists()
+
+
+def test_a_plain_kernel_is_handed_back_once_its_niceness_is_carried_and_the_loop_runs_meanwhile(monkeypatch):
+    """jupyter_client's start (faked) returns; the carry into the kernel's session waits (here
+    on an event the test holds, as on Linux's throttle); the launch is not done until the
+    carry is, and another task of the loop runs in between (the one that releases it)."""
+    import asyncio
+    import threading
+
+    from jupyter_client.provisioning import LocalProvisioner
+
+    release, carried = threading.Event(), []
+
+    async def started(self, cmd, **kwargs):
+        self.pid = 4242
+        return {"started": cmd}
+
+    def carry(pid, role):
+        def wait():
+            assert release.wait(60)
+            carried.append((pid, role))
+
+        thread = threading.Thread(target=wait, daemon=True)
+        thread.start()
+        return thread
+
+    monkeypatch.setattr(LocalProvisioner, "launch_kernel", started)
+    monkeypatch.setattr(templates, "carry_into_session_soon", carry)
+
+    async def main():
+        launch = asyncio.ensure_future(templates.ChapterProvisioner(kernel_id="k")._launch_plain(["kernel"]))
+        await asyncio.sleep(0.2)
+        pending = not launch.done()
+        release.set()
+        return pending, await asyncio.wait_for(launch, 60)
+
+    pending, info = asyncio.run(main())
+    assert pending and info == {"started": ["kernel"]} and carried == [(4242, "a chapter's kernel")]
+
+
+FORKED_WORKER = """
+import asyncio, os, signal, sys
+from jupyter_core.utils import run_sync
+from jupyter_client.provisioning import LocalProvisioner
+from attention_dynamics.book import templates
+
+async def started(self, cmd, **kwargs):
+    self.pid = os.getpid()
+    return {}
+
+LocalProvisioner.launch_kernel = started
+run_sync(asyncio.to_thread)(lambda: None)  # the runner's loop has used its default executor, as papermill's does
+pid = os.fork()  # a pool's worker
+if pid == 0:
+    signal.alarm(int(sys.argv[2]))
+    if sys.argv[1] == "to_thread":
+        run_sync(asyncio.to_thread)(lambda: None)
+    else:
+        run_sync(templates.ChapterProvisioner(kernel_id="k")._launch_plain)(["kernel"])
+    os._exit(0)
+print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+"""
+
+
+@pytest.mark.parametrize("how, alarm_s, status", [("the launch", 60, 0), ("to_thread", 3, -signal.SIGALRM)])
+def test_a_plain_kernel_starts_in_a_worker_forked_from_a_runner_whose_loop_used_its_executor(how, alarm_s, status):
+    """The launch in a forked child of a process whose event loop (kept per thread, as
+    nbclient keeps it) had used its default executor: it returns (status 0). The negative
+    control is the hazard the launch avoids: asyncio.to_thread there waits until the alarm
+    ends it, the executor counting an idle thread the fork did not copy."""
+    done = subprocess.run([sys.executable, "-c", FORKED_WORKER, how, str(alarm_s)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert int(done.stdout.split()[-1]) == status, done.stderr[-3000:]

@@ -294,7 +294,7 @@ def _become_kernel(request: dict, streams: list[int], filters: list, libraries_f
     for i, s in enumerate(streams):
         os.dup2(s, i)
         os.close(s)
-    carry_into_session()  # here, not in a thread: nothing of this kernel runs yet; its note on its own stderr
+    carry_into_session(0, "a chapter's kernel")  # here, not in a thread: nothing of it runs yet; its note on its own stderr
     deadline = time.monotonic() + ADOPTION_WAIT_S
     while os.getppid() != request["parent"]:  # ipykernel's parent poller compares the two
         if time.monotonic() > deadline:
@@ -343,8 +343,8 @@ AUTOGROUP = Path("/proc/self/autogroup")
 # Linux refuses an autogroup change within 100 ms of the last one anywhere on the system
 # (EAGAIN) to a process without CAP_SYS_ADMIN, so kernels starting side by side queue for it:
 # about one change per 100 ms. Those that may start at once here are a kernel and a template
-# per worker, a worker per usable CPU; the patience covers all of them and a few more (past
-# it the kernel runs at its autogroup's weight, as it did before, and says so).
+# per worker, a worker per usable CPU; the patience covers all of them and a few more, twice
+# over (past it the kernel runs at its autogroup's weight, as it did before, and says so).
 _AUTOGROUP_RETRIES, _AUTOGROUP_RETRY_WAIT_S = 5, 0.11
 
 
@@ -360,58 +360,89 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
-def _autogroup_attempts() -> int:
-    return _AUTOGROUP_RETRIES + 2 * usable_cpus()
+def _autogroup_patience_s() -> float:
+    """How long Linux's throttle is waited out: the changes that may queue at once, 100 ms
+    apart at best, twice over, since a waiter whose tries fall just after others' changes can
+    lose round after round; the waits between tries are drawn at random so that no waiter
+    keeps the losing phase."""
+    return 2 * (_AUTOGROUP_RETRIES + 2 * usable_cpus()) * _AUTOGROUP_RETRY_WAIT_S
 
 
-def carry_into_session(pid: int = 0) -> bool:
-    """Give the autogroup of process ``pid`` (0: this one) that process's niceness; whether
-    it was written. Call it right after the process has started a session (its autogroup is
-    then its own): in the process itself, or in its parent once :class:`subprocess.Popen`
-    with ``start_new_session`` has returned (:func:`carry_into_session_soon`, not to wait
-    there). Nothing is written for a process that does not lead its session (the autogroup
-    is its session's, shared with the processes that started it), at niceness 0 or below (a
-    new autogroup is at 0; below needs a privilege), nor where the system has no autogroups
-    (not Linux, or a kernel without them): there niceness applies across sessions already.
-    Linux's throttle is waited out for :func:`_autogroup_attempts` tries; past them, a note
-    on stderr."""
+def _open_autogroup(pid: int) -> int | None:
+    """A descriptor to write the autogroup of process ``pid`` (0: this one), None where there
+    is none. Held across the retries: it stays the process's, so a write after the process
+    has ended answers ESRCH instead of reaching another process given the same pid."""
+    import os
+
+    path = AUTOGROUP if pid == 0 else Path(f"/proc/{pid}/autogroup")
+    try:
+        return os.open(path, os.O_WRONLY)
+    except OSError:  # not Linux, no autogroups, or the process has ended
+        return None
+
+
+def _write_autogroup(fd: int, text: str) -> None:
+    import os
+
+    os.write(fd, text.encode())
+
+
+def carry_into_session(pid: int = 0, role: str = "this process") -> bool:
+    """Give the autogroup of process ``pid`` (0: this one; ``role``: what it is, for the
+    note) that process's niceness; whether it was written. Call it right after the process
+    has started a session (its autogroup is then its own): in the process itself, or in its
+    parent once :class:`subprocess.Popen` with ``start_new_session`` has returned
+    (:func:`carry_into_session_soon`, not to wait there). Nothing is written for a process that
+    does not lead its session (the autogroup is its session's, shared with the processes that
+    started it), at niceness 0 or below (a new autogroup is at 0; below needs a privilege), nor
+    where the system has no autogroups (not Linux, or a kernel without them): there niceness
+    applies across sessions already. Linux's throttle is waited out for
+    :func:`_autogroup_patience_s`; past it, a note on stderr."""
     import errno
     import os
+    import random
     import sys
     import time
 
-    file = AUTOGROUP if pid == 0 else Path(f"/proc/{pid}/autogroup")
-    if not file.exists():  # first: os.getsid and os.getpriority are missing on Windows
+    fd = _open_autogroup(pid)  # first: os.getsid and os.getpriority are missing on Windows
+    if fd is None:
         return False
     try:
-        n, leads = os.getpriority(os.PRIO_PROCESS, pid), os.getsid(pid) == (pid or os.getpid())
-    except OSError:  # it has ended
-        return False
-    if n <= 0 or not leads:
-        return False
-    attempts = _autogroup_attempts()
-    for attempt in range(attempts):
         try:
-            file.write_text(str(n))
-            return True
-        except OSError as e:
-            if e.errno != errno.EAGAIN:
-                return False  # a scheduling hint: the kernel runs as it would have without it
-            if attempt + 1 < attempts:
-                time.sleep(_AUTOGROUP_RETRY_WAIT_S)
-    print(f"note: process {pid or os.getpid()} runs at nice {n} in a session whose CPU share stays at nice 0: "
-          f"Linux refused {attempts} changes of its autogroup {_AUTOGROUP_RETRY_WAIT_S} s apart (EAGAIN: too "
-          "many processes started sessions at once)", file=sys.stderr)
+            n, leads = os.getpriority(os.PRIO_PROCESS, pid), os.getsid(pid) == (pid or os.getpid())
+        except OSError:  # it has ended
+            return False
+        if n <= 0 or not leads:
+            return False
+        patience = _autogroup_patience_s()
+        deadline, tries = time.monotonic() + patience, 0
+        jitter = random.Random()  # not the random module's own generator, which a kernel's cells may seed
+        while True:
+            tries += 1
+            try:
+                _write_autogroup(fd, str(n))
+                return True
+            except OSError as e:
+                if e.errno != errno.EAGAIN:
+                    return False  # a scheduling hint: the kernel runs as it would have without it
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(jitter.uniform(0.5, 1.5) * _AUTOGROUP_RETRY_WAIT_S)
+    finally:
+        os.close(fd)
+    print(f"note: {role} (pid {pid or os.getpid()}) runs at nice {n} in a session whose CPU share stays at "
+          f"nice 0: Linux refused {tries} changes of its autogroup over {patience:.1f} s (EAGAIN: too many "
+          "processes started sessions at once)", file=sys.stderr)
     return False
 
 
-def carry_into_session_soon(pid: int):
+def carry_into_session_soon(pid: int, role: str):
     """:func:`carry_into_session` for another process, in a thread of this one, so that its
     waits on Linux's throttle do not hold up the caller (a runner starting its kernels).
     Returns the thread, a daemon: the change is a hint, not worth a wait at exit."""
     import threading
 
-    thread = threading.Thread(target=carry_into_session, args=(pid,), name=f"carry-nice-{pid}", daemon=True)
+    thread = threading.Thread(target=carry_into_session, args=(pid, role), name=f"carry-nice-{pid}", daemon=True)
     thread.start()
     return thread
 

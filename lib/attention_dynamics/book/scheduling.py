@@ -31,7 +31,7 @@ def lower_priority(steps: int) -> int:
     if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= 19:
         raise ValueError(f"steps must be an integer from 1 to 19 (the range of niceness), got {steps!r}")
     os.nice(steps)
-    carry_into_session()
+    carry_into_session(0, "the runner")
     return os.getpriority(os.PRIO_PROCESS, 0)
 
 

@@ -33,6 +33,7 @@ memory (the loaded libraries, shared with its kernels until written).
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -54,6 +55,7 @@ SWITCH = "ATTENTION_DYNAMICS_KERNEL_TEMPLATE"
 # kernel's own start has KERNEL_START_TIMEOUT_S beyond that
 REPLY_TIMEOUT_S = 300
 PR_SET_CHILD_SUBREAPER = 36
+CARRY_POLL_S = 0.005  # a carry takes well under a millisecond unless Linux's throttle holds it
 
 
 class TemplateFailed(RuntimeError):
@@ -115,7 +117,7 @@ class KernelTemplate:
             raise TemplateFailed(f"the kernel template could not start: {e}") from None
         finally:
             theirs.close()
-        carry_into_session_soon(self.process.pid)
+        carry_into_session_soon(self.process.pid, "a kernel template")
         self.socket = ours
         self.socket.settimeout(REPLY_TIMEOUT_S)
         self.lock = threading.Lock()
@@ -339,6 +341,15 @@ class ChapterProvisioner(LocalProvisioner):
         return self.connection_info
 
     async def _launch_plain(self, cmd: list[str], **kwargs):
+        """jupyter_client's start, then the runner's niceness carried into the kernel's session
+        (it started one of its own) before the kernel is handed back, so that its first cell
+        runs at the runner's share; the carry waits in a thread, polled from the event loop.
+        Polled, not ``asyncio.to_thread``: a pool's worker is forked from a runner whose loop
+        (papermill's, kept per thread) has used its default executor, and inherits an
+        executor that counts an idle thread the fork did not copy, so a call to it waits for
+        ever (``tests/test_templates.py`` reproduces it)."""
         info = await super().launch_kernel(cmd, **kwargs)
-        carry_into_session_soon(self.pid)  # jupyter_client started it in a session of its own
+        carry = carry_into_session_soon(self.pid, "a chapter's kernel")
+        while carry.is_alive():
+            await asyncio.sleep(CARRY_POLL_S)
         return info
