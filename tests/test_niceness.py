@@ -132,12 +132,12 @@ def test_a_descriptor_held_across_the_retries_refuses_a_write_once_its_process_h
 def test_the_kernels_throttle_is_waited_out_for_every_process_that_may_start_at_once(monkeypatch, capsys):
     """Linux lets one autogroup change through per 100 ms: with 8 usable CPUs, up to 8 workers
     each start a kernel and a template, so 16 changes and 5 more may queue. The patience is
-    twice their time at one per round (2 x 21 x 0.11 s); the queue is waited out even if every
-    wait is drawn at its longest; past the patience the carry gives up with a note that names
-    the process; a refusal other than the throttle gives up at once. On a clock of the test's:
-    the waits advance it, nothing sleeps."""
+    twice their time at one per round (2 x 21 x 0.11 s); the queue is waited out even where
+    every wait is drawn at its longest (1.5 x 0.11 s); past the patience the carry gives up with
+    a note that names the process; a refusal other than the throttle gives up at once. On a
+    clock of the test's (kernel._now, kernel._wait): the waits advance it, nothing sleeps."""
     import errno
-    import time
+    import random
 
     monkeypatch.setattr(os, "getpriority", lambda which, who: 5)
     monkeypatch.setattr(os, "getsid", lambda pid: pid or os.getpid())
@@ -145,32 +145,39 @@ def test_the_kernels_throttle_is_waited_out_for_every_process_that_may_start_at_
     queued = kernel._AUTOGROUP_RETRIES + 2 * 8
     patience = kernel._autogroup_patience_s()
     assert patience == pytest.approx(2 * queued * kernel._AUTOGROUP_RETRY_WAIT_S)
-    now = [0.0]
-    waits = []
+    now, waits = [0.0], []
 
-    def sleep(s):
+    def wait(s):
         waits.append(s)
         now[0] += s
 
-    def carry(codes, pid=0, role="this process"):
+    monkeypatch.setattr(kernel, "_now", lambda: now[0])
+    monkeypatch.setattr(kernel, "_wait", wait)
+
+    class Longest(random.Random):
+        def uniform(self, a, b):
+            return b
+
+    def carry(codes, pid=0, role="this process", draws=random.Random):
         group = _Autogroup(monkeypatch, codes)
         now[0], waits[:] = 0.0, []
         with monkeypatch.context() as m:
-            m.setattr(time, "monotonic", lambda: now[0])
-            m.setattr(time, "sleep", sleep)
+            m.setattr(random, "Random", draws)
             got = kernel.carry_into_session(pid, role)
         assert len(group.opened) == 1 and group.all_closed()  # one descriptor for all the tries
         return got, group.tries
 
+    shortest, longest = 0.5 * kernel._AUTOGROUP_RETRY_WAIT_S, 1.5 * kernel._AUTOGROUP_RETRY_WAIT_S
     got, tries = carry([errno.EAGAIN] * queued)
     assert got is True and len(tries) == queued + 1 and capsys.readouterr().err == ""
-    longest = 1.5 * kernel._AUTOGROUP_RETRY_WAIT_S
-    assert all(0.5 * kernel._AUTOGROUP_RETRY_WAIT_S <= w <= longest for w in waits) and len(set(waits)) > 1
+    assert all(shortest <= w <= longest for w in waits) and len(set(waits)) > 1  # drawn, not fixed
+    got, tries = carry([errno.EAGAIN] * queued, draws=Longest)
+    assert got is True and len(tries) == queued + 1 and waits == [longest] * queued
     got, tries = carry([errno.EAGAIN] * 10_000, pid=4242, role="a kernel template")
     assert got is False and patience <= now[0] < patience + longest
     assert len(tries) >= patience / longest and all(t == (4242, "5") for t in tries)
     err = capsys.readouterr().err
-    assert f"note: a kernel template (pid 4242) runs at nice 5" in err, err
+    assert "note: a kernel template (pid 4242) runs at nice 5" in err, err
     assert f"Linux refused {len(tries)} changes of its autogroup over {patience:.1f} s" in err, err
     got, tries = carry([errno.EPERM])
     assert got is False and len(tries) == 1 and capsys.readouterr().err == ""
@@ -187,11 +194,30 @@ def test_a_carry_for_another_process_waits_in_a_thread_not_in_the_caller(monkeyp
     group = _Autogroup(monkeypatch, hold=release)
     monkeypatch.setattr(os, "getpriority", lambda which, who: 6)
     monkeypatch.setattr(os, "getsid", lambda pid: pid)
-    thread = kernel.carry_into_session_soon(4242, "a chapter's kernel")
-    assert thread.daemon and thread.is_alive() and group.tries == []
+    over = threading.Event()
+    thread = kernel.carry_into_session_soon(4242, "a chapter's kernel", then=over.set)
+    assert thread.daemon and thread.is_alive() and group.tries == [] and not over.is_set()
     release.set()
     thread.join(60)
-    assert not thread.is_alive() and group.tries == [(4242, "6")]
+    assert not thread.is_alive() and group.tries == [(4242, "6")] and over.is_set()
+
+
+def test_then_is_called_however_the_carry_ended(monkeypatch):
+    """A carry that raises (here: the write) still calls ``then``: a launch waiting on it
+    would otherwise wait for ever."""
+    import threading
+
+    def broken(fd, text):
+        raise ValueError("planted")
+
+    group = _Autogroup(monkeypatch)
+    monkeypatch.setattr(kernel, "_write_autogroup", broken)
+    monkeypatch.setattr(os, "getpriority", lambda which, who: 6)
+    monkeypatch.setattr(os, "getsid", lambda pid: pid)
+    monkeypatch.setattr(threading, "excepthook", lambda args: None)  # the planted error, not printed
+    over = threading.Event()
+    kernel.carry_into_session_soon(4242, "a chapter's kernel", then=over.set).join(60)
+    assert over.is_set() and group.all_closed()
 
 
 @pytest.mark.parametrize("steps", [0, 20, -1, 2.0, True, "3"])

@@ -666,3 +666,39 @@ def test_each_chapter_is_reported_as_it_finishes(tmp_path, monkeypatch):
     with ProcessPoolExecutor(max_workers=2) as pool:
         scheduling.run_jobs(jobs, pool)
     assert reported["slow_one"] - reported["quick_one"] > 4.0  # the slow one slept 8 s longer
+
+
+POOL_AFTER_A_USED_LOOP = """
+import asyncio, multiprocessing, signal, sys
+from concurrent.futures import ProcessPoolExecutor
+from jupyter_core.utils import run_sync
+from attention_dynamics.book import scheduling
+
+def kept(threads):
+    pass
+
+def job(alarm_s):
+    signal.alarm(alarm_s)
+    return run_sync(asyncio.to_thread)(lambda: 7)
+
+run_sync(asyncio.to_thread)(lambda: None)  # the runner's loop (jupyter_core's, kept per thread) used its executor
+start = scheduling._use_threads if sys.argv[1] == "fresh" else kept
+with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork"), initializer=start, initargs=(1,)) as pool:
+    try:
+        print(pool.submit(job, int(sys.argv[2])).result(timeout=120))
+    except Exception as e:
+        print(type(e).__name__)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the local pool forks its workers on Linux")
+@pytest.mark.parametrize("start, alarm_s, printed", [("fresh", 60, "7"), ("kept", 3, "BrokenProcessPool")])
+def test_a_pool_worker_starts_with_a_fresh_event_loop(start, alarm_s, printed):
+    """A worker forked after the runner's loop had used its default executor: started as the
+    runner starts its workers (scheduling._use_threads), a call to the executor returns. The
+    negative control keeps the inherited loop: the call waits until the alarm kills the
+    worker, and the pool breaks."""
+    done = subprocess.run([sys.executable, "-c", POOL_AFTER_A_USED_LOOP, start, str(alarm_s)], capture_output=True,
+                          text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[-1] == printed, done.stdout + done.stderr[-3000:]

@@ -325,10 +325,11 @@ def test_a_plain_kernel_is_handed_back_once_its_niceness_is_carried_and_the_loop
         self.pid = 4242
         return {"started": cmd}
 
-    def carry(pid, role):
+    def carry(pid, role, then):
         def wait():
             assert release.wait(60)
             carried.append((pid, role))
+            then()
 
         thread = threading.Thread(target=wait, daemon=True)
         thread.start()
@@ -359,7 +360,7 @@ async def started(self, cmd, **kwargs):
     return {}
 
 LocalProvisioner.launch_kernel = started
-run_sync(asyncio.to_thread)(lambda: None)  # the runner's loop has used its default executor, as papermill's does
+run_sync(asyncio.to_thread)(lambda: None)  # the runner's loop (jupyter_core's, kept per thread) has used its default executor
 pid = os.fork()  # a pool's worker
 if pid == 0:
     signal.alarm(int(sys.argv[2]))
@@ -374,10 +375,12 @@ print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
 
 @pytest.mark.parametrize("how, alarm_s, status", [("the launch", 60, 0), ("to_thread", 3, -signal.SIGALRM)])
 def test_a_plain_kernel_starts_in_a_worker_forked_from_a_runner_whose_loop_used_its_executor(how, alarm_s, status):
-    """The launch in a forked child of a process whose event loop (kept per thread, as
-    nbclient keeps it) had used its default executor: it returns (status 0). The negative
-    control is the hazard the launch avoids: asyncio.to_thread there waits until the alarm
-    ends it, the executor counting an idle thread the fork did not copy."""
+    """The launch in a forked child of a process whose event loop (jupyter_core's run_sync keeps
+    one per thread; papermill and jupyter_client run on it) had used its default executor, the
+    child's loop not replaced: it returns (status 0). The negative control is the hazard the
+    launch avoids: asyncio.to_thread there waits until the alarm ends it, the executor
+    counting an idle thread the fork did not copy (a false alarm here, should jupyter_core
+    ever stop handing the loop to a forked child, fails this case, never passes a broken launch)."""
     done = subprocess.run([sys.executable, "-c", FORKED_WORKER, how, str(alarm_s)], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]

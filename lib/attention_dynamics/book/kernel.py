@@ -387,6 +387,18 @@ def _write_autogroup(fd: int, text: str) -> None:
     os.write(fd, text.encode())
 
 
+def _now() -> float:
+    import time
+
+    return time.monotonic()
+
+
+def _wait(seconds: float) -> None:
+    import time
+
+    time.sleep(seconds)
+
+
 def carry_into_session(pid: int = 0, role: str = "this process") -> bool:
     """Give the autogroup of process ``pid`` (0: this one; ``role``: what it is, for the
     note) that process's niceness; whether it was written. Call it right after the process
@@ -402,7 +414,6 @@ def carry_into_session(pid: int = 0, role: str = "this process") -> bool:
     import os
     import random
     import sys
-    import time
 
     fd = _open_autogroup(pid)  # first: os.getsid and os.getpriority are missing on Windows
     if fd is None:
@@ -415,7 +426,7 @@ def carry_into_session(pid: int = 0, role: str = "this process") -> bool:
         if n <= 0 or not leads:
             return False
         patience = _autogroup_patience_s()
-        deadline, tries = time.monotonic() + patience, 0
+        deadline, tries = _now() + patience, 0
         jitter = random.Random()  # not the random module's own generator, which a kernel's cells may seed
         while True:
             tries += 1
@@ -425,9 +436,9 @@ def carry_into_session(pid: int = 0, role: str = "this process") -> bool:
             except OSError as e:
                 if e.errno != errno.EAGAIN:
                     return False  # a scheduling hint: the kernel runs as it would have without it
-            if time.monotonic() >= deadline:
+            if _now() >= deadline:
                 break
-            time.sleep(jitter.uniform(0.5, 1.5) * _AUTOGROUP_RETRY_WAIT_S)
+            _wait(jitter.uniform(0.5, 1.5) * _AUTOGROUP_RETRY_WAIT_S)
     finally:
         os.close(fd)
     print(f"note: {role} (pid {pid or os.getpid()}) runs at nice {n} in a session whose CPU share stays at "
@@ -436,13 +447,21 @@ def carry_into_session(pid: int = 0, role: str = "this process") -> bool:
     return False
 
 
-def carry_into_session_soon(pid: int, role: str):
+def carry_into_session_soon(pid: int, role: str, then=None):
     """:func:`carry_into_session` for another process, in a thread of this one, so that its
-    waits on Linux's throttle do not hold up the caller (a runner starting its kernels).
+    waits on Linux's throttle do not hold up the caller (a runner starting its kernels);
+    ``then`` (no arguments) is called in the thread once the carry is over, however it ended.
     Returns the thread, a daemon: the change is a hint, not worth a wait at exit."""
     import threading
 
-    thread = threading.Thread(target=carry_into_session, args=(pid, role), name=f"carry-nice-{pid}", daemon=True)
+    def carry():
+        try:
+            carry_into_session(pid, role)
+        finally:
+            if then is not None:
+                then()
+
+    thread = threading.Thread(target=carry, name=f"carry-nice-{pid}", daemon=True)
     thread.start()
     return thread
 

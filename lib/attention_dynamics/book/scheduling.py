@@ -38,10 +38,27 @@ def lower_priority(steps: int) -> int:
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 
+def _fresh_event_loop() -> None:
+    """In a forked worker: the event loop jupyter_core's ``run_sync`` keeps per thread (papermill
+    and jupyter_client run on it) closed, so that the worker's first chapter makes its own. The
+    inherited one shares the runner's epoll instance, and its default executor counts idle
+    threads the fork did not copy: a call to it (``asyncio.to_thread``, ``run_in_executor``)
+    would wait for ever (tests/test_runner.py)."""
+    from jupyter_core.utils import ensure_event_loop
+
+    loop = ensure_event_loop()
+    try:
+        loop.close()
+    except RuntimeError:  # forked from inside the running loop: left as it is
+        pass
+
+
 def _use_threads(threads: int) -> None:
-    """In a worker: the kernels it starts (and their PyTorch) use this many threads, and so
-    does the worker itself where it makes a planned model (a forked worker inherits the
-    runner's PyTorch with its thread count already set)."""
+    """In a worker: a fresh event loop (:func:`_fresh_event_loop`); the kernels it starts (and
+    their PyTorch) use this many threads, and so does the worker itself where it makes a
+    planned model (a forked worker inherits the runner's PyTorch with its thread count
+    already set)."""
+    _fresh_event_loop()
     for var in THREAD_VARIABLES:
         os.environ[var] = str(threads)
     if "torch" in sys.modules:
@@ -240,6 +257,6 @@ def run_grid(jobs: list[Job], workers: int | None, scheduler: str | None) -> "Re
     if workers and workers > 1:
         from concurrent.futures import ProcessPoolExecutor
 
-        with ProcessPoolExecutor(max_workers=workers) as pool:
+        with ProcessPoolExecutor(max_workers=workers, initializer=_fresh_event_loop) as pool:
             return Results(run_jobs(jobs, pool), workers=workers)
     return Results(run_jobs(jobs), workers=1)

@@ -55,7 +55,6 @@ SWITCH = "ATTENTION_DYNAMICS_KERNEL_TEMPLATE"
 # kernel's own start has KERNEL_START_TIMEOUT_S beyond that
 REPLY_TIMEOUT_S = 300
 PR_SET_CHILD_SUBREAPER = 36
-CARRY_POLL_S = 0.005  # a carry takes well under a millisecond unless Linux's throttle holds it
 
 
 class TemplateFailed(RuntimeError):
@@ -343,13 +342,22 @@ class ChapterProvisioner(LocalProvisioner):
     async def _launch_plain(self, cmd: list[str], **kwargs):
         """jupyter_client's start, then the runner's niceness carried into the kernel's session
         (it started one of its own) before the kernel is handed back, so that its first cell
-        runs at the runner's share; the carry waits in a thread, polled from the event loop.
-        Polled, not ``asyncio.to_thread``: a pool's worker is forked from a runner whose loop
-        (papermill's, kept per thread) has used its default executor, and inherits an
-        executor that counts an idle thread the fork did not copy, so a call to it waits for
-        ever (``tests/test_templates.py`` reproduces it)."""
+        runs at the runner's share. The carry waits in a thread of its own, which wakes the
+        loop when it is over; not ``asyncio.to_thread``: in a pool's worker forked from a
+        runner whose loop had used its default executor, the inherited executor counts an idle
+        thread the fork did not copy, and a call to it waits for ever (the workers now start
+        with a fresh loop, ``scheduling._fresh_event_loop``; ``tests/test_templates.py``
+        reproduces the hazard)."""
         info = await super().launch_kernel(cmd, **kwargs)
-        carry = carry_into_session_soon(self.pid, "a chapter's kernel")
-        while carry.is_alive():
-            await asyncio.sleep(CARRY_POLL_S)
+        loop = asyncio.get_running_loop()
+        carried = loop.create_future()
+
+        def wake():
+            try:
+                loop.call_soon_threadsafe(lambda: carried.done() or carried.set_result(None))
+            except RuntimeError:  # the loop has closed (the launch was abandoned)
+                pass
+
+        carry_into_session_soon(self.pid, "a chapter's kernel", then=wake)
+        await carried
         return info
