@@ -265,3 +265,15 @@ def test_a_niced_runners_kernels_plain_and_forked_run_at_its_niceness():
     """)
     assert got == {"runner": 4, "runner_group": 4, "templates": [4], "forked": {"nice": 4, "group": 4, "forked": True},
                    "plain": {"nice": 4, "group": 4, "forked": False}}, got
+
+
+def test_then_is_called_where_no_thread_can_start(monkeypatch):
+    import threading
+
+    def refused(self):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", refused)
+    over = []
+    kernel.carry_into_session_soon(4242, "a chapter's kernel", then=lambda: over.append(True))
+    assert over == [True]

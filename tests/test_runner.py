@@ -688,6 +688,8 @@ with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork"), init
         print(pool.submit(job, int(sys.argv[2])).result(timeout=120))
     except Exception as e:
         print(type(e).__name__)
+signal.alarm(60)
+print("runner", run_sync(asyncio.to_thread)(lambda: 8))  # the runner's own loop still wakes from its threads
 """
 
 
@@ -695,10 +697,11 @@ with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork"), init
 @pytest.mark.parametrize("start, alarm_s, printed", [("fresh", 60, "7"), ("kept", 3, "BrokenProcessPool")])
 def test_a_pool_worker_starts_with_a_fresh_event_loop(start, alarm_s, printed):
     """A worker forked after the runner's loop had used its default executor: started as the
-    runner starts its workers (scheduling._use_threads), a call to the executor returns. The
-    negative control keeps the inherited loop: the call waits until the alarm kills the
-    worker, and the pool breaks."""
+    runner starts its workers (scheduling._use_threads), a call to the executor returns, and
+    the runner's own loop still works after the pool (a worker that closed the inherited loop
+    broke it). The negative control keeps the inherited loop: the call waits until the alarm
+    kills the worker, and the pool breaks."""
     done = subprocess.run([sys.executable, "-c", POOL_AFTER_A_USED_LOOP, start, str(alarm_s)], capture_output=True,
                           text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split()[-1] == printed, done.stdout + done.stderr[-3000:]
+    assert done.stdout.split()[-3:] == [printed, "runner", "8"], done.stdout + done.stderr[-3000:]

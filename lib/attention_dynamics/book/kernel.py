@@ -462,7 +462,11 @@ def carry_into_session_soon(pid: int, role: str, then=None):
                 then()
 
     thread = threading.Thread(target=carry, name=f"carry-nice-{pid}", daemon=True)
-    thread.start()
+    try:
+        thread.start()
+    except RuntimeError:  # no thread to be had: no carry, and a caller waiting for then goes on
+        if then is not None:
+            then()
     return thread
 
 

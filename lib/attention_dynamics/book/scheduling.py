@@ -38,19 +38,28 @@ def lower_priority(steps: int) -> int:
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 
-def _fresh_event_loop() -> None:
-    """In a forked worker: the event loop jupyter_core's ``run_sync`` keeps per thread (papermill
-    and jupyter_client run on it) closed, so that the worker's first chapter makes its own. The
-    inherited one shares the runner's epoll instance, and its default executor counts idle
-    threads the fork did not copy: a call to it (``asyncio.to_thread``, ``run_in_executor``)
-    would wait for ever (tests/test_runner.py)."""
-    from jupyter_core.utils import ensure_event_loop
+# Event loops a forked worker inherited, held so that no garbage collection closes them:
+# closing one in the worker would unregister its wake-up pipe from the epoll instance it
+# shares with the runner, whose loop would then never wake from another thread again.
+_inherited_loops: list = []
 
-    loop = ensure_event_loop()
-    try:
-        loop.close()
-    except RuntimeError:  # forked from inside the running loop: left as it is
-        pass
+
+def _fresh_event_loop() -> None:
+    """In a forked worker: the event loop jupyter_core's ``run_sync`` keeps per thread
+    (papermill and jupyter_client run on it) set aside, so that the worker's first chapter
+    makes its own. The inherited one shares the runner's epoll instance, and its default
+    executor counts idle threads the fork did not copy: a call to it (``asyncio.to_thread``,
+    ``run_in_executor``) would wait for ever (tests/test_runner.py). Set aside, not closed
+    (see :data:`_inherited_loops`)."""
+    import asyncio
+
+    from jupyter_core import utils
+
+    inherited = utils._loop.get()  # jupyter_core's own: ensure_event_loop makes a loop where it holds None
+    if inherited is not None:
+        _inherited_loops.append(inherited)
+        utils._loop.set(None)
+    asyncio.set_event_loop(None)
 
 
 def _use_threads(threads: int) -> None:
