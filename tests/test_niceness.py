@@ -275,5 +275,5 @@ def test_then_is_called_where_no_thread_can_start(monkeypatch):
 
     monkeypatch.setattr(threading.Thread, "start", refused)
     over = []
-    kernel.carry_into_session_soon(4242, "a chapter's kernel", then=lambda: over.append(True))
+    assert kernel.carry_into_session_soon(4242, "a chapter's kernel", then=lambda: over.append(True)) is None
     assert over == [True]

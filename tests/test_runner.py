@@ -669,7 +669,7 @@ def test_each_chapter_is_reported_as_it_finishes(tmp_path, monkeypatch):
 
 
 POOL_AFTER_A_USED_LOOP = """
-import asyncio, multiprocessing, signal, sys
+import asyncio, gc, multiprocessing, signal, sys
 from concurrent.futures import ProcessPoolExecutor
 from jupyter_core.utils import run_sync
 from attention_dynamics.book import scheduling
@@ -679,7 +679,9 @@ def kept(threads):
 
 def job(alarm_s):
     signal.alarm(alarm_s)
-    return run_sync(asyncio.to_thread)(lambda: 7)
+    got = run_sync(asyncio.to_thread)(lambda: 7)
+    gc.collect()  # an inherited loop left to the collector would be closed now
+    return got
 
 run_sync(asyncio.to_thread)(lambda: None)  # the runner's loop (jupyter_core's, kept per thread) used its executor
 start = scheduling._use_threads if sys.argv[1] == "fresh" else kept

@@ -450,8 +450,10 @@ def carry_into_session(pid: int = 0, role: str = "this process") -> bool:
 def carry_into_session_soon(pid: int, role: str, then=None):
     """:func:`carry_into_session` for another process, in a thread of this one, so that its
     waits on Linux's throttle do not hold up the caller (a runner starting its kernels);
-    ``then`` (no arguments) is called in the thread once the carry is over, however it ended.
-    Returns the thread, a daemon: the change is a hint, not worth a wait at exit."""
+    ``then`` (no arguments) is called in the thread once the carry is over, however it ended,
+    or at once in the caller's thread where no thread can start (then there is no carry).
+    Returns the thread (a daemon: the change is a hint, not worth a wait at exit), or None
+    where it could not start."""
     import threading
 
     def carry():
@@ -467,6 +469,7 @@ def carry_into_session_soon(pid: int, role: str, then=None):
     except RuntimeError:  # no thread to be had: no carry, and a caller waiting for then goes on
         if then is not None:
             then()
+        return None
     return thread
 
 

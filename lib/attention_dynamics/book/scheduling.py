@@ -55,10 +55,20 @@ def _fresh_event_loop() -> None:
 
     from jupyter_core import utils
 
-    inherited = utils._loop.get()  # jupyter_core's own: ensure_event_loop makes a loop where it holds None
-    if inherited is not None:
-        _inherited_loops.append(inherited)
-        utils._loop.set(None)
+    # jupyter_core's own (private, hence looked up with care): ensure_event_loop makes a loop
+    # where _loop holds None; a run_sync inside a running loop hands its work to a runner's
+    # loop, whose thread the fork did not copy
+    kept = getattr(utils, "_loop", None)
+    if kept is not None and kept.get() is not None:
+        _inherited_loops.append(kept.get())
+        kept.set(None)
+    runners = getattr(utils, "_runner_map", None)
+    if isinstance(runners, dict):
+        _inherited_loops.extend(runners.values())
+        runners.clear()
+    local = getattr(asyncio.get_event_loop_policy(), "_local", None)
+    if getattr(local, "_loop", None) is not None:
+        _inherited_loops.append(local._loop)
     asyncio.set_event_loop(None)
 
 
