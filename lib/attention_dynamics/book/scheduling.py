@@ -59,16 +59,15 @@ def _fresh_event_loop() -> None:
     # where _loop holds None; a run_sync inside a running loop hands its work to a runner's
     # loop, whose thread the fork did not copy
     kept = getattr(utils, "_loop", None)
-    if kept is not None and kept.get() is not None:
-        _inherited_loops.append(kept.get())
-        kept.set(None)
     runners = getattr(utils, "_runner_map", None)
-    if isinstance(runners, dict):
-        _inherited_loops.extend(runners.values())
-        runners.clear()
     local = getattr(asyncio.get_event_loop_policy(), "_local", None)
-    if getattr(local, "_loop", None) is not None:
-        _inherited_loops.append(local._loop)
+    inherited = [kept.get() if kept is not None else None, getattr(local, "_loop", None),
+                 *(runners.values() if isinstance(runners, dict) else ())]
+    _inherited_loops.extend(x for x in inherited if x is not None)
+    if kept is not None:
+        kept.set(None)
+    if isinstance(runners, dict):
+        runners.clear()
     asyncio.set_event_loop(None)
 
 
