@@ -38,7 +38,7 @@ from .native import planned_paths, recording
 from .sources import module_closure, module_digest
 from .store import store_folder
 
-__all__ = ["artifact_folder", "load_or_make", "models_used", "STORE_FORMAT"]
+__all__ = ["artifact_folder", "load_or_make", "models_used", "STORE_FORMAT", "KEY_DIGITS"]
 
 
 def artifact_folder() -> Path:
@@ -65,6 +65,8 @@ def models_used() -> list[dict]:
     return [dict(v, file=k) for k, v in sorted(_used.items())]
 
 
+# a stored model's file is KIND-KEY.pt, KEY the first KEY_DIGITS hex digits of its key
+KEY_DIGITS = 20
 LEASE_SECONDS = 60.0  # a shared store's claim outlives its holder's last heartbeat by this long
 
 
@@ -106,7 +108,7 @@ def load_or_make(kind: str, settings: dict, make: Callable[[], Any], *, modules:
               "library_digest": module_digest(files), "paths": planned_paths()}
     if STORE_FORMAT > 1:  # format 1 is the key without the field: the models stored before it
         fields["store_format"] = STORE_FORMAT
-    key = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:20]
+    key = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:KEY_DIGITS]
     folder = artifact_folder()
     path = folder / f"{kind}-{key}.pt"
     with _held(folder / f".{path.name}.lock", kind):
